@@ -1,0 +1,68 @@
+"""Shared types of every Re-ID dataset reader.
+
+A reader returns three lists of ``(path, pid, camid)`` records, as torchreid and fast-reid do:
+``train`` (pids relabelled to 0..Z-1 so they index the mapping head), ``query`` and ``gallery``
+(original pids kept: the metric compares them, pid 0 may be a distractor).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import NamedTuple
+
+
+class Record(NamedTuple):
+    path: str
+    pid: int
+    camid: int
+
+
+class DatasetLayoutError(FileNotFoundError):
+    """A dataset folder does not have the layout its reader expects."""
+
+    def __init__(self, dataset: str, expected: str, offending: str | Path, why: str = "missing"):
+        self.dataset = dataset
+        self.expected = expected
+        self.offending = str(offending)
+        super().__init__(
+            f"{dataset}: {why}: {offending}\n"
+            f"  expected layout: {expected}\n"
+            f"  fix the data root (or write synthetic data with `python -m common.datasets.synthetic`)."
+        )
+
+
+@dataclass
+class ReIDSplits:
+    """The three record lists of one dataset (or of one split of a small dataset)."""
+
+    name: str
+    train: list[Record] = field(default_factory=list)
+    query: list[Record] = field(default_factory=list)
+    gallery: list[Record] = field(default_factory=list)
+
+    @property
+    def num_train_pids(self) -> int:
+        return len({r.pid for r in self.train})
+
+    def summary(self) -> str:
+        def ids(rs: list[Record]) -> int:
+            return len({r.pid for r in rs})
+
+        return (
+            f"{self.name}: train {len(self.train)} images / {ids(self.train)} ids, "
+            f"query {len(self.query)} / {ids(self.query)}, gallery {len(self.gallery)} / {ids(self.gallery)}"
+        )
+
+
+def relabel(records: list[Record]) -> list[Record]:
+    """Map train pids to 0..Z-1 in sorted pid order (deterministic, so a restart gives the same head)."""
+    pids = sorted({r.pid for r in records})
+    index = {p: i for i, p in enumerate(pids)}
+    return [Record(r.path, index[r.pid], r.camid) for r in records]
+
+
+def require_dir(dataset: str, expected: str, path: Path) -> Path:
+    if not path.is_dir():
+        raise DatasetLayoutError(dataset, expected, path, "missing folder")
+    return path
