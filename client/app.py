@@ -1,0 +1,34 @@
+"""The Flower ClientApp: builds this site's NumPyClient from its node config and the run config."""
+
+from __future__ import annotations
+
+import logging
+
+from flwr.client import ClientApp
+from flwr.common import Context
+
+from client.numpy_client import FedReIDClient, SiteSettings
+from common.config import ExperimentConfig
+
+
+def site_settings(node_config: dict) -> SiteSettings:
+    """Read the operator's settings (``flower-supernode --node-config``); ``site`` and ``data-root`` are required."""
+    missing = [k for k in ("site", "data-root") if not node_config.get(k)]
+    if missing:
+        raise ValueError(f"node config lacks {missing}; start the site with `fedclient --site NAME --data-root DIR`")
+    return SiteSettings(
+        site=str(node_config["site"]),
+        data_root=str(node_config["data-root"]),
+        reader=str(node_config.get("reader", "market1501")),
+        state_dir=str(node_config.get("state-dir", "")),
+        device=str(node_config.get("device", "cpu")),
+    )
+
+
+def client_fn(context: Context):
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    cfg = ExperimentConfig.from_json(str(context.run_config.get("experiment-json", "{}")))
+    return FedReIDClient(cfg, site_settings(dict(context.node_config))).to_client()
+
+
+app = ClientApp(client_fn=client_fn)

@@ -1,0 +1,113 @@
+"""``fedclient``: a site. Checks the site's private data, then runs a Flower SuperNode for it.
+
+    fedclient --site market1501 --superlink HOST:PORT --data-root /data/market1501
+
+The data, the mapping head, the local expert and the optimizer state never leave this machine:
+they live under ``--data-root`` and ``--state-dir``. Only the shared embedding is sent.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+from pathlib import Path
+
+from common import processes
+from common.compose import load_site, site_names
+from common.datasets import READERS, build_reader
+from common.datasets.base import DatasetLayoutError
+
+DESCRIPTION = """Run one FedReID site (a Flower SuperNode) and connect it to the coordinator.
+
+Site settings come from conf/site/<SITE>.yaml (reader, data_root, state_dir); the options below
+override them. Traffic to the SuperLink is HTTPS: give --root-certificates (the CA that signed
+the coordinator's certificate), or --insecure for plain text on a trusted network."""
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="fedclient", description=DESCRIPTION,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--site", required=True, help=f"site name, one of conf/site/*.yaml: {', '.join(site_names())}")
+    p.add_argument("--superlink", default="127.0.0.1:9092", help="coordinator address HOST:PORT (default %(default)s)")
+    p.add_argument("--data-root", help="folder of this site's dataset (default: data_root of the site config)")
+    p.add_argument("--reader", help=f"dataset reader (default: the site config's); one of {sorted(READERS)}")
+    p.add_argument("--state-dir", help="folder for the site's private state: head, expert, optimizer (default: site config)")
+    p.add_argument("--device", default="cpu", help="torch device for local training: cpu, cuda, cuda:1, auto (default %(default)s)")
+    sec = p.add_mutually_exclusive_group()
+    sec.add_argument("--root-certificates", help="CA certificate (PEM) to verify the coordinator's TLS certificate")
+    sec.add_argument("--insecure", action="store_true", help="plain-text HTTP (prints a warning)")
+    p.add_argument("--auth-key", help="private key file of this site (node authentication), see the README")
+    p.add_argument("--port", type=int, default=9094, help="local ClientAppIO port of the SuperNode (unique per host)")
+    p.add_argument("--max-retries", type=int, default=20, help="reconnect attempts before giving up (default %(default)s)")
+    p.add_argument("--max-wait-time", type=float, default=300.0,
+                   help="seconds to keep trying to reach the SuperLink before giving up (default %(default)s)")
+    p.add_argument("--flwr-home", help="Flower home folder of this SuperNode (default: <state-dir>/flwr_home)")
+    return p
+
+
+def node_config(site: str, data_root: str, reader: str, state_dir: str, device: str) -> str:
+    def q(v: str) -> str:
+        if '"' in v:
+            raise ValueError(f"value {v!r} must not contain double quotes")
+        return f'"{v}"'
+
+    return " ".join(f"{k}={q(v)}" for k, v in (("site", site), ("data-root", data_root), ("reader", reader),
+                                                  ("state-dir", state_dir), ("device", device)))
+
+
+def supernode_cmd(a: argparse.Namespace, data_root: str, reader: str, state_dir: str) -> list[str]:
+    cmd = [processes.executable("flower-supernode"), "--superlink", a.superlink,
+           "--node-config", node_config(a.site, data_root, reader, state_dir, a.device),
+           "--port", str(a.port), "--max-retries", str(a.max_retries), "--max-wait-time", str(a.max_wait_time)]
+    if a.insecure:
+        cmd.append("--insecure")
+    elif a.root_certificates:
+        if not Path(a.root_certificates).is_file():
+            raise SystemExit(f"fedclient: --root-certificates: file not found: {a.root_certificates}")
+        cmd += ["--root-certificates", a.root_certificates]
+    else:
+        raise SystemExit("fedclient: give --root-certificates CA.crt for TLS, or --insecure for plain text")
+    if a.auth_key:
+        if not Path(a.auth_key).is_file():
+            raise SystemExit(f"fedclient: --auth-key: file not found: {a.auth_key}")
+        cmd += ["--auth-supernode-private-key", a.auth_key]
+    return cmd
+
+
+def main(argv: list[str] | None = None) -> None:
+    a = parser().parse_args(argv)
+    try:
+        site = load_site(a.site)
+    except ValueError as e:
+        raise SystemExit(f"fedclient: {e}") from None
+    data_root = str(Path(a.data_root or site["data_root"]).expanduser().resolve())
+    reader = a.reader or site["reader"]
+    state_dir = str(Path(a.state_dir or site.get("state_dir") or f"~/.fedreid/state/{a.site}").expanduser().resolve())
+    try:  # fail here, with the layout, rather than inside the first round
+        data = build_reader(reader, data_root)
+    except (DatasetLayoutError, ValueError) as e:
+        raise SystemExit(f"fedclient: site {a.site}: {e}") from None
+    print(f"fedclient: site {a.site}: {data.splits.summary()}", flush=True)
+    if a.insecure:
+        print("fedclient: WARNING: --insecure: traffic to the coordinator is NOT encrypted", file=sys.stderr)
+    Path(state_dir).mkdir(parents=True, exist_ok=True)
+    home = Path(a.flwr_home or Path(state_dir) / "flwr_home")
+    proc = processes.start(supernode_cmd(a, data_root, reader, state_dir), processes.tool_env(home))
+
+    def forward(signum, _frame):
+        processes.stop(proc, grace_s=10)
+        sys.exit(128 + signum)
+
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
+    code = proc.wait()
+    processes.stop(proc, grace_s=2)
+    if code != 0:
+        print(f"fedclient: site {a.site}: the SuperNode exited with code {code}; is the coordinator reachable at "
+              f"{a.superlink} (fedserver running, TLS settings matching)?", file=sys.stderr)
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    main()

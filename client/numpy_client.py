@@ -1,0 +1,154 @@
+"""The FedReID site: a Flower ``NumPyClient`` holding the private data, head and local expert.
+
+One round (``fit``): check the manifest, rebuild the model, take the embedding from the server
+and the head from the site state (Eq. 7), start the local expert from this site's model at the
+end of its previous round (Eq. 10), train t_max (Eq. 3, 9-13), save the state atomically and
+return ONLY the shared tensors (the embedding; nothing of the head ever leaves the site).
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from flwr.client import NumPyClient
+from torch.utils.data import DataLoader
+
+from client.state import SiteState, load_state, save_state
+from client.train import make_optimizer, set_round_lr, train_round
+from common.config import ExperimentConfig
+from common.datasets import build_reader
+from common.datasets.image_dataset import ImageDataset
+from common.datasets.transforms import train_transform
+from common.models.builder import expected_manifest, model_for
+from common.models.reid import ReIDModel
+from common.params import get_shared, set_shared
+from common.seeding import seed_everything, stable_seed
+
+log = logging.getLogger("fedclient")
+
+
+@dataclass
+class SiteSettings:
+    """What a site operator configures (node config), never sent anywhere."""
+
+    site: str
+    data_root: str
+    reader: str = "market1501"
+    state_dir: str = ""
+    device: str = "cpu"
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+class FedReIDClient(NumPyClient):
+    def __init__(self, cfg: ExperimentConfig, settings: SiteSettings):
+        self.cfg = cfg
+        self.s = settings
+        if settings.site not in cfg.sites:
+            raise ValueError(f"site {settings.site!r} is not part of this run (configured sites: {cfg.sites})")
+        self.device = resolve_device(settings.device)
+        self.manifest = expected_manifest(cfg)
+        self.data = build_reader(settings.reader, settings.data_root)
+        self.num_classes = self.data.splits.num_train_pids
+        self.state_dir = Path(settings.state_dir or f"~/.fedreid/state/{settings.site}").expanduser()
+
+    def get_parameters(self, config):
+        torch.manual_seed(self.cfg.seed)
+        return get_shared(model_for(self.cfg, self.num_classes), self.manifest)
+
+    def fit(self, parameters, config):
+        t0 = time.perf_counter()
+        server_round = int(config.get("server_round", 1))
+        their_hash = str(config.get("manifest_hash", ""))
+        if their_hash != self.manifest.hash:
+            raise ValueError(
+                f"site {self.s.site}: the coordinator's model manifest {their_hash!r} differs from this site's "
+                f"{self.manifest.hash!r} ({self.cfg.model.backbone}, mode {self.cfg.strategy.mode}); "
+                "both sides must run the same model config"
+            )
+        if self.cfg.train.threads > 0:
+            torch.set_num_threads(self.cfg.train.threads)
+        seed_everything(stable_seed(self.cfg.seed, self.s.site, server_round))
+        st = load_state(self.state_dir, site=self.s.site, manifest_hash=self.manifest.hash,
+                        num_classes=self.num_classes)
+        model = model_for(self.cfg, self.num_classes)
+        if st is not None and st.model is not None:
+            model.load_state_dict(st.model)  # Eq. (7): own head (and own integer buffers)
+        self._set_start_point(model, parameters, st)
+        expert = None
+        if self.cfg.train.local_expert:
+            # Eq. (10): the expert starts from this site's model at the end of its previous round.
+            expert = model_for(self.cfg, self.num_classes)
+            expert.load_state_dict(st.model if st is not None and st.model is not None else model.state_dict())
+        opt, eopt = self._optimizers(model, expert, st, server_round)
+        loader = self._loader(server_round)
+        stats = train_round(
+            model, expert, loader, opt, eopt, unit=self.cfg.train.unit, iters=self.cfg.train.local_iters,
+            temperature=self.cfg.train.temperature, device=self.device,
+            max_steps_per_epoch=self.cfg.train.max_steps_per_epoch,
+        )
+        model.cpu()
+        new = SiteState(
+            site=self.s.site, manifest_hash=self.manifest.hash, num_classes=self.num_classes,
+            last_round=server_round, rounds_trained=(st.rounds_trained if st else 0) + 1,
+            model=copy.deepcopy(model.state_dict()), optimizer=opt.state_dict(),
+            expert_optimizer=eopt.state_dict() if eopt is not None else None,
+            history=(st.history if st else []) + [{"round": server_round, **stats}],
+        )
+        save_state(self.state_dir, new)
+        seconds = time.perf_counter() - t0
+        log.info("site %s round %d: %s (%.1fs)", self.s.site, server_round,
+                 ", ".join(f"{k}={v:.4f}" for k, v in stats.items()), seconds)
+        metrics = {"site": self.s.site, "train_seconds": seconds, **{k: float(v) for k, v in stats.items()}}
+        return get_shared(model, self.manifest), len(self.data.train), metrics
+
+    def _set_start_point(self, model: ReIDModel, parameters: list[np.ndarray], st: SiteState | None) -> None:
+        """Eq. (7)/(15): the embedding from the server; ``local`` mode keeps its own after round 1."""
+        if self.cfg.strategy.mode == "local" and st is not None and st.model is not None:
+            return
+        set_shared(model, self.manifest, parameters)
+        a = self.cfg.train.start_mix
+        if a > 0 and st is not None and st.model is not None:
+            # public re-implementation's option: (1-a) * server + a * previous local
+            state = model.state_dict()
+            with torch.no_grad():
+                for k in self.manifest.keys:
+                    state[k].mul_(1 - a).add_(st.model[k], alpha=a)
+
+    def _optimizers(self, model, expert, st, server_round):
+        t = self.cfg.train
+        kw = dict(lr_embedding=t.lr_embedding, lr_head=t.lr_head, momentum=t.momentum, nesterov=t.nesterov,
+                  weight_decay=t.weight_decay)
+        opt = make_optimizer(model, **kw)
+        eopt = make_optimizer(expert, **kw) if expert is not None else None
+        if st is not None and st.optimizer is not None:
+            opt.load_state_dict(st.optimizer)
+        if eopt is not None and st is not None and st.expert_optimizer is not None:
+            eopt.load_state_dict(st.expert_optimizer)
+        for o in (opt, eopt):
+            if o is not None:
+                set_round_lr(o, server_round, t.lr_step_rounds, t.lr_gamma)
+        return opt, eopt
+
+    def _loader(self, server_round: int) -> DataLoader:
+        t, m = self.cfg.train, self.cfg.model
+        train = self.data.train
+        if len(train) < t.batch_size:
+            raise ValueError(
+                f"site {self.s.site}: {len(train)} training images is fewer than one batch ({t.batch_size})"
+            )
+        g = torch.Generator().manual_seed(stable_seed(self.cfg.seed, self.s.site, server_round, "loader"))
+        return DataLoader(
+            ImageDataset(train, train_transform(m.height, m.width), views=2), batch_size=t.batch_size,
+            shuffle=True, drop_last=True, generator=g, num_workers=t.num_workers,
+        )

@@ -1,0 +1,197 @@
+"""Typed experiment configuration behind ``conf/`` (validated; unknown keys are errors).
+
+Hydra composes ``conf/config.yaml`` with the chosen groups and command-line overrides into a
+plain dict; ``ExperimentConfig.from_dict`` turns it into these dataclasses and checks every
+value. The dict (not the objects) is what travels to the ServerApp and the sites as run config.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+def sites_per_round(fraction: float, num_sites: int) -> int:
+    """ceil(S * N), at least 1 (Eq. 5/8); the tiny epsilon keeps 0.3 * 10 at 3, not 4."""
+    return max(1, math.ceil(fraction * num_sites - 1e-9))
+
+
+@dataclass
+class ModelConfig:
+    backbone: str = "resnet50"  # resnet18 | resnet34 | resnet50 (paper: resnet50)
+    pretrained: str | None = None  # local ImageNet .pth, "torchvision" (cached file only), or null
+    head_hidden: int = 512  # Eq. (2): FC(dim -> 512)
+    dropout: float = 0.5
+    head_activation: str = "relu"  # relu (paper) | leaky_relu (public re-implementation)
+    height: int = 256  # input size (paper: 256x128)
+    width: int = 128
+
+
+@dataclass
+class TrainConfig:
+    unit: str = "epoch"  # t_max counts local "epoch"s or "step"s (the paper's text says steps)
+    local_iters: int = 1  # t_max
+    batch_size: int = 32
+    lr_embedding: float = 0.01
+    lr_head: float = 0.1
+    momentum: float = 0.9  # SGD Nesterov
+    nesterov: bool = True
+    weight_decay: float = 5e-4
+    lr_step_rounds: int = 40  # x lr_gamma every 40 rounds
+    lr_gamma: float = 0.1
+    local_expert: bool = True  # Eq. (10)-(13); false = the "no local expert" baseline
+    temperature: float = 3.0  # T of Eq. (12)
+    start_mix: float = 0.0  # public code's option: start = (1-a)*server + a*previous local (paper: 0)
+    num_workers: int = 0
+    threads: int = 0  # torch threads per site process (0 = torch default)
+    max_steps_per_epoch: int = 0  # 0 = whole epoch; >0 caps an epoch (demo/tests)
+
+
+@dataclass
+class StrategyConfig:
+    mode: str = "fedreid"  # fedreid | fedavg (all parameters) | local (each site alone)
+    fraction: float = 1.0  # S: ceil(S*N) sites per round
+    min_fit_sites: int = 1  # fewer valid replies than this: the round keeps the previous model
+    min_available_sites: int = 4  # wait for this many sites before round 1
+    fedavg_num_classes: int = 0  # fedavg mode: common head size (>= every site's identity count)
+
+
+@dataclass
+class PrivacyConfig:
+    beta: float = 0.0  # Eq. (14)-(15) white-noise scale (paper default 0)
+    client_noise: bool = True  # Eq. (15): an independent draw on what each site receives
+
+
+@dataclass
+class TargetConfig:
+    reader: str = "market1501"
+    root: str = ""
+
+
+@dataclass
+class EvalConfig:
+    every: int = 1  # evaluate the global embedding every N rounds (0 = never)
+    metric: str = "cosine"  # cosine | euclidean
+    normalize: bool = True  # L2-normalise features before ranking
+    flip: bool = False  # average features of the image and its mirror
+    batch_size: int = 128
+    max_rank: int = 10
+    device: str = "cpu"
+    targets: dict[str, TargetConfig] = field(default_factory=dict)
+
+
+@dataclass
+class SuperLinkConfig:
+    # host:port of the SuperLink. Flower 1.42 serves the Fleet API (sites), the Control API
+    # (`flwr run`) and the Runtime API on this one HTTP(S) port.
+    address: str = "0.0.0.0:9092"
+    insecure: bool = False  # plain text: must be chosen explicitly
+    ca_cert: str | None = None  # TLS: CA certificate, server certificate and key files
+    cert: str | None = None
+    key: str | None = None
+    startup_timeout_s: float = 60.0
+
+
+@dataclass
+class ExperimentConfig:
+    task: str = "fedreid"
+    name: str = "fedreid"
+    seed: int = 0
+    rounds: int = 100  # k_max
+    sites: list[str] = field(default_factory=lambda: ["market1501", "dukemtmc", "cuhk03", "msmt17"])
+    run_dir: str = "runs/fedreid"
+    app_dir: str = ""  # the Flower app folder (this repository); empty = auto
+    wait_for_sites_s: float = 600.0  # bounded wait for min_available_sites
+    round_timeout_s: float = 3600.0  # a site that has not replied by then is dropped for the round
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    strategy: StrategyConfig = field(default_factory=StrategyConfig)
+    privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    superlink: SuperLinkConfig = field(default_factory=SuperLinkConfig)
+
+    @classmethod
+    def from_json(cls, text: str) -> ExperimentConfig:
+        """The config as it travels in Flower's run config (``experiment-json``)."""
+        return cls.from_dict(json.loads(text or "{}"))
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ExperimentConfig:
+        cfg = _build(cls, d, "")
+        cfg.validate()
+        return cfg
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @property
+    def sites_per_round(self) -> int:
+        return sites_per_round(self.strategy.fraction, len(self.sites))
+
+    def validate(self) -> None:
+        def bad(key: str, expected: str, found: Any) -> ValueError:
+            return ValueError(f"config {key}: expected {expected}, found {found!r}")
+
+        if not 0.0 < self.strategy.fraction <= 1.0:
+            raise bad("strategy.fraction", "S in (0, 1]", self.strategy.fraction)
+        if self.strategy.mode not in ("fedreid", "fedavg", "local"):
+            raise bad("strategy.mode", "one of fedreid, fedavg, local", self.strategy.mode)
+        if self.strategy.mode == "fedavg" and self.strategy.fedavg_num_classes < 1:
+            raise bad("strategy.fedavg_num_classes", ">= 1 in fedavg mode (one head size for all sites)",
+                      self.strategy.fedavg_num_classes)
+        if not 0.0 <= self.privacy.beta <= 1.0:
+            raise bad("privacy.beta", "beta in [0, 1]", self.privacy.beta)
+        if self.train.unit not in ("epoch", "step"):
+            raise bad("train.unit", "epoch or step", self.train.unit)
+        if self.rounds < 1:
+            raise bad("rounds", ">= 1", self.rounds)
+        if self.train.local_iters < 1:
+            raise bad("train.local_iters", ">= 1", self.train.local_iters)
+        if self.train.batch_size < 2:
+            raise bad("train.batch_size", ">= 2 (BatchNorm in the head)", self.train.batch_size)
+        if self.eval.metric not in ("cosine", "euclidean"):
+            raise bad("eval.metric", "cosine or euclidean", self.eval.metric)
+        if not 0.0 <= self.train.start_mix < 1.0:
+            raise bad("train.start_mix", "a in [0, 1)", self.train.start_mix)
+        if not self.sites:
+            raise bad("sites", "a non-empty list of site names", self.sites)
+        if not 1 <= self.strategy.min_available_sites <= len(self.sites):
+            raise bad("strategy.min_available_sites", f"1..{len(self.sites)} (the number of sites)",
+                      self.strategy.min_available_sites)
+        if not 1 <= self.strategy.min_fit_sites <= self.sites_per_round:
+            raise bad("strategy.min_fit_sites", f"1..ceil(S*N)={self.sites_per_round}", self.strategy.min_fit_sites)
+
+    def resolved_run_dir(self) -> Path:
+        return Path(self.run_dir).expanduser().resolve()
+
+
+def _build(cls: type, d: dict[str, Any] | None, prefix: str) -> Any:
+    d = dict(d or {})
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(d) - set(fields))
+    if unknown:
+        raise ValueError(f"config {prefix or '<root>'}: unknown key(s) {unknown}; valid: {sorted(fields)}")
+    kwargs = {}
+    for name, f in fields.items():
+        if name not in d:
+            continue
+        v, key = d[name], f"{prefix}{name}"
+        sub = _dataclass_of(f.type)
+        if sub is not None:
+            kwargs[name] = _build(sub, v, key + ".")
+        elif name == "targets":
+            if not isinstance(v, dict):
+                raise ValueError(f"config {key}: expected a mapping name -> {{reader, root}}, found {v!r}")
+            kwargs[name] = {n: _build(TargetConfig, t, f"{key}.{n}.") for n, t in v.items()}
+        else:
+            kwargs[name] = v
+    return cls(**kwargs)
+
+
+def _dataclass_of(t: Any) -> type | None:
+    names = {c.__name__: c for c in (ModelConfig, TrainConfig, StrategyConfig, PrivacyConfig, EvalConfig, SuperLinkConfig)}
+    return names.get(t if isinstance(t, str) else getattr(t, "__name__", ""))

@@ -1,0 +1,36 @@
+"""The one place that turns the experiment config into a Re-ID model and its shared manifest."""
+
+from __future__ import annotations
+
+import torch
+
+from common.config import ExperimentConfig
+from common.models.reid import ReIDModel, build_model
+from common.params import Manifest, shared_manifest
+
+
+def model_for(cfg: ExperimentConfig, num_classes: int) -> ReIDModel:
+    """A site's model: the configured backbone + a head of ``num_classes`` identities.
+
+    In ``fedavg`` mode every site uses the common head size ``strategy.fedavg_num_classes``
+    (the head is averaged too, so it must have one shape everywhere).
+    """
+    m = cfg.model
+    if cfg.strategy.mode == "fedavg":
+        if num_classes > cfg.strategy.fedavg_num_classes:
+            raise ValueError(
+                f"strategy.fedavg_num_classes={cfg.strategy.fedavg_num_classes} is smaller than this site's "
+                f"{num_classes} identities; the common fedavg head must cover every site"
+            )
+        num_classes = cfg.strategy.fedavg_num_classes
+    return build_model(m.backbone, num_classes, pretrained=m.pretrained, hidden=m.head_hidden,
+                       dropout=m.dropout, activation=m.head_activation)
+
+
+def expected_manifest(cfg: ExperimentConfig) -> Manifest:
+    """The manifest both sides derive from the model config (built on the meta device: no memory)."""
+    m = cfg.model
+    with torch.device("meta"):
+        n = cfg.strategy.fedavg_num_classes if cfg.strategy.mode == "fedavg" else 1
+        model = build_model(m.backbone, n, hidden=m.head_hidden, dropout=m.dropout, activation=m.head_activation)
+    return shared_manifest(model, cfg.strategy.mode)

@@ -1,0 +1,111 @@
+"""FedReID model: a shared embedding network F (Eq. 1) and a site-private mapping head C (Eq. 2).
+
+``f = F(x; w_f)`` is a torchvision ResNet without its classifier (global average pooled,
+2048-d for ResNet-50, 512-d for ResNet-18/34). ``d = C(f; w_c)`` is
+FC(dim -> 512) -> BN -> ReLU -> Dropout -> FC(512 -> Z_i), Z_i = the site's identity count.
+Only F is ever shared (Eq. 8); each site keeps its own C (Eq. 7, "multi-head").
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import nn
+from torchvision import models
+
+BACKBONES = {"resnet18": models.resnet18, "resnet34": models.resnet34, "resnet50": models.resnet50}
+
+
+class Embedding(nn.Module):
+    """ResNet trunk + global average pooling: (B, 3, H, W) -> (B, dim)."""
+
+    def __init__(self, backbone: str = "resnet50", pretrained: str | None = None):
+        super().__init__()
+        if backbone not in BACKBONES:
+            raise ValueError(f"unknown backbone {backbone!r}; valid: {sorted(BACKBONES)}")
+        net = BACKBONES[backbone](weights=None)
+        if pretrained:
+            load_imagenet_weights(net, pretrained)
+        self.dim = net.fc.in_features
+        net.fc = nn.Identity()
+        self.net = net
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)  # (B, dim)
+
+
+class MappingHead(nn.Module):
+    """Eq. (2): FC(dim->hidden) -> BN -> ReLU (or LeakyReLU 0.1) -> Dropout -> FC(hidden->Z_i)."""
+
+    def __init__(
+        self, in_dim: int, num_classes: int, hidden: int = 512, dropout: float = 0.5, activation: str = "relu"
+    ):
+        super().__init__()
+        if num_classes < 1:
+            raise ValueError(f"a mapping head needs at least one identity, got num_classes={num_classes}")
+        acts = {"relu": nn.ReLU(inplace=True), "leaky_relu": nn.LeakyReLU(0.1, inplace=True)}
+        if activation not in acts:
+            raise ValueError(f"unknown head activation {activation!r}; valid: {sorted(acts)}")
+        self.block = nn.Sequential(
+            nn.Linear(in_dim, hidden), nn.BatchNorm1d(hidden), acts[activation], nn.Dropout(dropout)
+        )
+        self.classifier = nn.Linear(hidden, num_classes)
+
+    def forward(self, f: torch.Tensor) -> torch.Tensor:
+        return self.classifier(self.block(f))  # (B, Z_i) logits d
+
+
+class ReIDModel(nn.Module):
+    """A site's model {w_f, w_c}: ``embedding`` is shared, ``head`` is private."""
+
+    def __init__(self, embedding: Embedding, head: MappingHead):
+        super().__init__()
+        self.embedding = embedding
+        self.head = head
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.embedding(x))
+
+
+def load_imagenet_weights(net: nn.Module, source: str) -> None:
+    """Load ImageNet weights from a local file; ``torchvision`` uses torchvision's cached file if present.
+
+    Nothing is ever downloaded: a missing file is an error that says where it was looked for.
+    """
+    if source == "torchvision":
+        raise_missing = True
+        hub = Path(torch.hub.get_dir()) / "checkpoints"
+        candidates = sorted(hub.glob("resnet*.pth")) if hub.is_dir() else []
+        arch = type(net).__name__
+        for c in candidates:
+            state = torch.load(c, map_location="cpu", weights_only=True)
+            if state.get("fc.weight") is not None and state["fc.weight"].shape[1] == net.fc.in_features:
+                if _compatible(net, state):
+                    net.load_state_dict(state)
+                    raise_missing = False
+                    break
+        if raise_missing:
+            raise FileNotFoundError(
+                f"model.pretrained=torchvision: no compatible {arch} ImageNet file in {hub}; "
+                "downloads are disabled: put the .pth file there or give model.pretrained=/path/to/weights.pth"
+            )
+        return
+    path = Path(source)
+    if not path.is_file():
+        raise FileNotFoundError(f"model.pretrained: weights file not found: {path} (expected a torchvision ResNet state_dict)")
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    if not _compatible(net, state):
+        raise ValueError(f"model.pretrained: {path} does not match the configured backbone's parameter shapes")
+    net.load_state_dict(state)
+
+
+def _compatible(net: nn.Module, state: dict) -> bool:
+    own = net.state_dict()
+    return set(own) == set(state) and all(own[k].shape == state[k].shape for k in own)
+
+
+def build_model(backbone: str, num_classes: int, *, pretrained: str | None = None, hidden: int = 512,
+                dropout: float = 0.5, activation: str = "relu") -> ReIDModel:
+    emb = Embedding(backbone, pretrained)
+    return ReIDModel(emb, MappingHead(emb.dim, num_classes, hidden, dropout, activation))

@@ -1,0 +1,81 @@
+"""Which parameters cross the wire, in which order, and a hash both sides can compare.
+
+Both the coordinator and every site derive the same ordered key manifest from the model config
+(``manifest_for``); the manifest's hash travels in the fit config and a site refuses a mismatch.
+Only floating-point tensors are shared: integer buffers (BatchNorm ``num_batches_tracked``) never
+leave a site and are never averaged or noised. BatchNorm float buffers follow their module.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+# strategy.mode -> prefixes of the state_dict keys that are shared
+SHARED_PREFIXES = {
+    "fedreid": ("embedding.",),  # Eq. (8): the embedding only, heads stay local
+    "fedavg": ("embedding.", "head."),  # baseline: every parameter (one common head size)
+    "local": ("embedding.",),  # baseline: each site alone; the server only evaluates what it gets
+}
+
+
+@dataclass(frozen=True)
+class Manifest:
+    keys: tuple[str, ...]
+    shapes: tuple[tuple[int, ...], ...]
+    dtypes: tuple[str, ...]
+
+    @property
+    def hash(self) -> str:
+        blob = json.dumps([self.keys, self.shapes, self.dtypes]).encode()
+        return hashlib.sha256(blob).hexdigest()[:16]
+
+    def describe(self) -> str:
+        n = sum(int(np.prod(s)) for s in self.shapes)
+        return f"{len(self.keys)} tensors, {n:,} values, hash {self.hash}"
+
+
+def shared_manifest(model: nn.Module, mode: str) -> Manifest:
+    """The ordered manifest of ``model``'s shared floating-point tensors for ``mode``."""
+    if mode not in SHARED_PREFIXES:
+        raise ValueError(f"unknown strategy.mode {mode!r}; valid: {sorted(SHARED_PREFIXES)}")
+    prefixes = SHARED_PREFIXES[mode]
+    items = [
+        (k, tuple(v.shape), str(v.dtype).replace("torch.", ""))
+        for k, v in model.state_dict().items()
+        if k.startswith(prefixes) and v.is_floating_point()
+    ]
+    return Manifest(tuple(k for k, _, _ in items), tuple(s for _, s, _ in items), tuple(d for _, _, d in items))
+
+
+def get_shared(model: nn.Module, manifest: Manifest) -> list[np.ndarray]:
+    """The shared tensors of ``model`` as numpy arrays, in manifest order (nothing else)."""
+    state = model.state_dict()
+    return [state[k].detach().cpu().numpy().copy() for k in manifest.keys]
+
+
+def set_shared(model: nn.Module, manifest: Manifest, arrays: list[np.ndarray]) -> None:
+    """Copy ``arrays`` (manifest order) into ``model``; shapes and count are checked."""
+    check_arrays(manifest, arrays, who="received parameters")
+    state = model.state_dict()
+    with torch.no_grad():
+        for k, a in zip(manifest.keys, arrays):
+            state[k].copy_(torch.from_numpy(np.asarray(a)).to(state[k].dtype))
+
+
+def check_arrays(manifest: Manifest, arrays: list[np.ndarray], who: str) -> None:
+    """Raise ValueError naming the first array whose count, shape, dtype or values are wrong."""
+    if len(arrays) != len(manifest.keys):
+        raise ValueError(f"{who}: expected {len(manifest.keys)} arrays (manifest {manifest.hash}), found {len(arrays)}")
+    for k, shape, dtype, a in zip(manifest.keys, manifest.shapes, manifest.dtypes, arrays):
+        if tuple(a.shape) != shape:
+            raise ValueError(f"{who}: {k} has shape {tuple(a.shape)}, expected {shape}")
+        if str(a.dtype) != dtype:
+            raise ValueError(f"{who}: {k} has dtype {a.dtype}, expected {dtype}")
+        if not np.all(np.isfinite(a)):
+            raise ValueError(f"{who}: {k} has non-finite values (NaN or Inf)")

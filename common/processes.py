@@ -1,0 +1,97 @@
+"""Starting and stopping the Flower processes (SuperLink, SuperNodes, `flwr run`), always bounded."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+
+def tool_env(flwr_home: str | Path | None = None, extra: dict[str, str] | None = None) -> dict[str, str]:
+    """Environment for Flower's executables: this interpreter's bin folder first on PATH.
+
+    The SuperLink and SuperNode start helper executables (``flower-superexec``,
+    ``flwr-serverapp``, ``flwr-clientapp``) by name; they live beside this Python.
+    """
+    env = dict(os.environ)
+    bindir = str(Path(sys.executable).parent)
+    env["PATH"] = bindir + os.pathsep + env.get("PATH", "")
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    if flwr_home is not None:
+        Path(flwr_home).mkdir(parents=True, exist_ok=True)
+        env["FLWR_HOME"] = str(flwr_home)
+    env.update(extra or {})
+    return env
+
+
+def executable(name: str) -> str:
+    path = Path(sys.executable).parent / name
+    return str(path) if path.exists() else name
+
+
+def start(cmd: Sequence[str], env: dict[str, str], log_path: str | Path | None = None,
+          cwd: str | Path | None = None) -> subprocess.Popen:
+    """Start ``cmd`` in its own process group (so that stopping it also stops its children)."""
+    out = open(log_path, "ab") if log_path else None  # noqa: SIM115 - closed with the process
+    return subprocess.Popen(
+        list(cmd), env=env, cwd=cwd, stdout=out or None, stderr=subprocess.STDOUT if out else None,
+        start_new_session=True,
+    )
+
+
+def stop(proc: subprocess.Popen, grace_s: float = 10.0) -> int | None:
+    """SIGTERM the process group, SIGKILL it after ``grace_s``; returns the exit code."""
+    if proc.poll() is None:
+        _signal_group(proc, signal.SIGTERM)
+        try:
+            proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            _signal_group(proc, signal.SIGKILL)
+            proc.wait(timeout=grace_s)
+    else:
+        _signal_group(proc, signal.SIGKILL)  # stray children of a finished leader
+    return proc.returncode
+
+
+def _signal_group(proc: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(proc.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def split_address(address: str) -> tuple[str, int]:
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(f"expected an address HOST:PORT, found {address!r}")
+    return host.strip("[]"), int(port)
+
+
+def client_host(host: str) -> str:
+    """The address a local client dials for a server bound to ``host``."""
+    return "127.0.0.1" if host in ("0.0.0.0", "", "::") else host
+
+
+def wait_for_port(host: str, port: int, timeout_s: float, proc: subprocess.Popen | None = None) -> None:
+    """Block until ``host:port`` accepts TCP connections; TimeoutError after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"process {proc.args[0]} exited with code {proc.returncode} before listening on {host}:{port}")
+        try:
+            with socket.create_connection((client_host(host), port), timeout=1.0):
+                return
+        except OSError:
+            time.sleep(0.3)
+    raise TimeoutError(f"nothing listened on {host}:{port} within {timeout_s:.0f}s")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

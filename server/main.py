@@ -1,0 +1,153 @@
+"""``fedserver``: the coordinator. Starts the Flower SuperLink, submits the run, waits for it.
+
+    fedserver [HYDRA_OVERRIDES...]       e.g. fedserver rounds=100 strategy.fraction=0.5 privacy.beta=0.001
+    fedserver --help                     this text and every configuration key with its default
+    fedserver --cfg                      print the composed configuration and exit
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from common import processes
+from common.compose import compose_experiment, conf_dir
+from common.config import ExperimentConfig
+
+USAGE = """usage: fedserver [KEY=VALUE ...] [GROUP=OPTION ...]
+
+Coordinator of a FedReID federation. Starts a Flower SuperLink on `superlink.address`
+(one HTTP(S) port: sites connect there, and `flwr run` submits the run there), waits for
+`strategy.min_available_sites` sites (`fedclient --site NAME`), runs `rounds` rounds and leaves
+metrics.json / metrics.csv / curves.png / global_final.pt in `run_dir`. Exits 0 when the run
+completed, 1 otherwise; stops every process it started.
+
+Groups:  experiment=fedreid|demo   model=resnet50|resnet18   strategy=fedreid|fedavg|local
+         privacy=none|noise
+Options: --help (this text), --cfg (print the composed config and exit)
+TLS:     superlink.ca_cert=ca.crt superlink.cert=server.pem superlink.key=server.key
+         (plain text needs an explicit superlink.insecure=true and prints a warning)
+
+Every key, with its paper default (conf/config.yaml):
+"""
+
+
+def build_superlink_cmd(cfg: ExperimentConfig) -> list[str]:
+    host, port = processes.split_address(cfg.superlink.address)
+    cmd = [processes.executable("flower-superlink"), "--host", host, "--port", str(port),
+           "--disable-runtime-dependency-installation"]
+    sl = cfg.superlink
+    if sl.insecure:
+        cmd.append("--insecure")
+    else:
+        missing = [k for k in ("ca_cert", "cert", "key") if not getattr(sl, k)]
+        if missing:
+            raise SystemExit(
+                f"fedserver: TLS needs superlink.{', superlink.'.join(missing)} (files), "
+                "or set superlink.insecure=true to run in plain text"
+            )
+        for k in ("ca_cert", "cert", "key"):
+            if not Path(getattr(sl, k)).is_file():
+                raise SystemExit(f"fedserver: superlink.{k}: file not found: {getattr(sl, k)}")
+        cmd += ["--ssl-ca-certfile", sl.ca_cert, "--ssl-certfile", sl.cert, "--ssl-keyfile", sl.key]
+    return cmd
+
+
+def write_cli_config(flwr_home: Path, cfg: ExperimentConfig) -> str:
+    """The `flwr` CLI's connection to our SuperLink (``$FLWR_HOME/config.toml``)."""
+    host, port = processes.split_address(cfg.superlink.address)
+    lines = ["[superlink]", 'default = "fedreid"', "", "[superlink.fedreid]",
+             f'address = "{processes.client_host(host)}:{port}"']
+    if cfg.superlink.insecure:
+        lines.append("insecure = true")
+    else:
+        lines.append(f'root-certificates = "{Path(cfg.superlink.ca_cert).resolve()}"')
+    flwr_home.mkdir(parents=True, exist_ok=True)
+    (flwr_home / "config.toml").write_text("\n".join(lines) + "\n")
+    return "fedreid"
+
+
+def run_config_file(run_dir: Path, cfg: ExperimentConfig) -> Path:
+    """The run config overrides as a TOML file: the whole experiment as one JSON string."""
+    import tomli_w
+
+    path = run_dir / "run_config.toml"
+    path.write_text(tomli_w.dumps({"experiment-json": json.dumps(cfg.to_dict())}))
+    return path
+
+
+def run(cfg: ExperimentConfig) -> int:
+    run_dir = Path(cfg.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
+    if cfg.superlink.insecure:
+        print("fedserver: WARNING: superlink.insecure=true: site traffic is NOT encrypted", file=sys.stderr)
+    home = run_dir / "flwr_home"
+    superlink = processes.start(build_superlink_cmd(cfg), processes.tool_env(home / "superlink"),
+                                log_path=run_dir / "superlink.log")
+    submit = None
+    try:
+        host, port = processes.split_address(cfg.superlink.address)
+        processes.wait_for_port(host, port, cfg.superlink.startup_timeout_s, superlink)
+        print(f"fedserver: SuperLink listening on {cfg.superlink.address}; waiting for sites {cfg.sites}", flush=True)
+        conn = write_cli_config(home / "cli", cfg)
+        cmd = [processes.executable("flwr"), "run", cfg.app_dir, conn, "--stream",
+               "--run-config", str(run_config_file(run_dir, cfg))]
+        submit = subprocess.Popen(cmd, env=processes.tool_env(home / "cli"), start_new_session=True)
+        limit = cfg.wait_for_sites_s + cfg.rounds * cfg.round_timeout_s + 300
+        deadline = time.monotonic() + limit
+        while submit.poll() is None:
+            if _status(run_dir) in ("completed", "failed"):
+                time.sleep(2)  # let the last log lines stream
+                break
+            if superlink.poll() is not None:
+                print(f"fedserver: the SuperLink exited with code {superlink.returncode} (see superlink.log)")
+                break
+            if time.monotonic() > deadline:
+                print(f"fedserver: the run did not finish within {limit:.0f}s; stopping it", file=sys.stderr)
+                break
+            time.sleep(1)
+    finally:
+        if submit is not None:
+            processes.stop(submit, grace_s=5)
+        processes.stop(superlink, grace_s=10)
+    status = _status(run_dir)
+    if status == "completed":
+        print(f"fedserver: run completed; outputs in {run_dir}", flush=True)
+        return 0
+    print(f"fedserver: run did not complete (status {status!r}); logs in {run_dir}", file=sys.stderr)
+    return 1
+
+
+def _status(run_dir: Path) -> str:
+    try:
+        return json.loads((run_dir / "status.json").read_text())["status"]
+    except (OSError, ValueError, KeyError):
+        return "unknown"
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if any(a in ("-h", "--help") for a in args):
+        print(USAGE + (conf_dir() / "config.yaml").read_text())
+        return
+    show = "--cfg" in args
+    args = [a for a in args if a != "--cfg"]
+    bad = [a for a in args if a.startswith("-")]
+    if bad:
+        raise SystemExit(f"fedserver: unknown option(s) {bad}; configuration is given as KEY=VALUE (see --help)")
+    try:
+        cfg = compose_experiment(args)
+    except Exception as e:  # hydra and validation errors: one clear line, no traceback
+        raise SystemExit(f"fedserver: bad configuration: {e}") from None
+    if show:
+        print(json.dumps(cfg.to_dict(), indent=2))
+        return
+    sys.exit(run(cfg))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,61 @@
+"""Per-round metrics of a run: JSON + CSV files and a PNG plot of the curves."""
+
+from __future__ import annotations
+
+import csv
+import io
+from pathlib import Path
+from typing import Any
+
+from common.checkpoint import atomic_json_save, atomic_write_bytes
+
+
+class MetricsLog:
+    def __init__(self, run_dir: str | Path, rows: list[dict[str, Any]] | None = None):
+        self.run_dir = Path(run_dir)
+        self.rows: list[dict[str, Any]] = list(rows or [])
+
+    def add(self, row: dict[str, Any]) -> None:
+        self.rows = [r for r in self.rows if r["round"] != row["round"]] + [row]
+        self.rows.sort(key=lambda r: r["round"])
+        self.write()
+
+    def write(self) -> None:
+        atomic_json_save(self.rows, self.run_dir / "metrics.json")
+        keys: list[str] = []
+        for r in self.rows:
+            keys += [k for k in r if k not in keys and not isinstance(r[k], (dict, list))]
+        buf = io.StringIO()
+        w = csv.DictWriter(buf, fieldnames=keys, extrasaction="ignore")
+        w.writeheader()
+        w.writerows(self.rows)
+        atomic_write_bytes(self.run_dir / "metrics.csv", buf.getvalue().encode())
+
+    def plot(self, path: str | Path | None = None) -> Path:
+        """Rank-1 and mAP per target against the round (one panel each)."""
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        path = Path(path or self.run_dir / "curves.png")
+        series = sorted({k for r in self.rows for k in r if k.endswith(("/R1", "/mAP"))})
+        fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+        for ax, kind in zip(axes, ("R1", "mAP")):
+            for key in (s for s in series if s.endswith("/" + kind)):
+                pts = [(r["round"], r[key]) for r in self.rows if key in r]
+                if pts:
+                    xs, ys = zip(*pts)
+                    ax.plot(xs, [100 * y for y in ys], marker="o", lw=2.5 if key.startswith("mean/") else 1.2,
+                            label=key.split("/")[0])
+            ax.set_xlabel("round")
+            ax.set_ylabel(f"{kind} (%)")
+            ax.set_title(f"{kind} of the global embedding on unseen domains")
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=8)
+        fig.tight_layout()
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png", dpi=100)
+        plt.close(fig)
+        atomic_write_bytes(path, buf.getvalue())
+        return path
