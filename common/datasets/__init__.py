@@ -1,4 +1,12 @@
-"""Re-ID dataset readers, reachable by name (torchreid-style visible registry)."""
+"""Re-ID dataset readers, reachable by name (torchreid-style visible registry).
+
+Each reader takes ``(root, **options)`` and exposes ``train``, ``query``, ``gallery`` (lists of
+``Record``) and ``splits``; every one checks its folder first and raises DatasetLayoutError
+naming the expected layout and the first missing or unparsable path. The small sets without a
+fixed split (viper, ilids, 3dpes, caviar) also expose ``all``; ``splits.py`` builds their
+query/gallery (the unseen-domain protocol). ``layouts.write_layout`` writes a synthetic replica
+of any of these layouts.
+"""
 
 from __future__ import annotations
 
@@ -6,11 +14,33 @@ from pathlib import Path
 from typing import Any
 
 from common.datasets.base import DatasetLayoutError, Record, ReIDSplits
+from common.datasets.caviar import CAVIAR
+from common.datasets.cuhk03 import CUHK03
+from common.datasets.cuhksysu import CUHKSYSU
+from common.datasets.dukemtmc import DukeMTMCreID
+from common.datasets.grid import GRID
+from common.datasets.ilids import ILIDS
+from common.datasets.images import CorruptImageError
 from common.datasets.market1501 import Market1501
+from common.datasets.msmt17 import MSMT17
+from common.datasets.threedpes import ThreeDPeS
+from common.datasets.viper import VIPeR
 
 READERS: dict[str, type] = {
     "market1501": Market1501,
+    "dukemtmc": DukeMTMCreID,
+    "cuhk03": CUHK03,
+    "msmt17": MSMT17,
+    "viper": VIPeR,
+    "ilids": ILIDS,
+    "3dpes": ThreeDPeS,
+    "caviar": CAVIAR,
+    "grid": GRID,
+    "cuhksysu": CUHKSYSU,
 }
+
+# sets with no fixed query/gallery: evaluate them with the unseen-domain protocol (splits.py)
+UNSPLIT = ("viper", "ilids", "3dpes", "caviar")
 
 
 def build_reader(name: str, root: str | Path, **kwargs: Any):
@@ -18,8 +48,18 @@ def build_reader(name: str, root: str | Path, **kwargs: Any):
     try:
         cls = READERS[name]
     except KeyError:
-        raise ValueError(f"unknown dataset reader {name!r}; valid names: {sorted(READERS)}") from None
+        raise ValueError(
+            f"unknown dataset reader {name!r}; valid names: {sorted(READERS)}"
+        ) from None
     return cls(root, **kwargs)
 
 
-__all__ = ["READERS", "build_reader", "DatasetLayoutError", "Record", "ReIDSplits"]
+__all__ = [
+    "READERS",
+    "UNSPLIT",
+    "CorruptImageError",
+    "DatasetLayoutError",
+    "ReIDSplits",
+    "Record",
+    "build_reader",
+]

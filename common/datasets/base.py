@@ -7,6 +7,7 @@ A reader returns three lists of ``(path, pid, camid)`` records, as torchreid and
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
@@ -66,3 +67,49 @@ def require_dir(dataset: str, expected: str, path: Path) -> Path:
     if not path.is_dir():
         raise DatasetLayoutError(dataset, expected, path, "missing folder")
     return path
+
+
+def require_file(dataset: str, expected: str, path: Path) -> Path:
+    if not path.is_file():
+        raise DatasetLayoutError(dataset, expected, path, "missing file")
+    return path
+
+
+def resolve_base(root: str | Path, *candidates: str) -> Path:
+    """The first ``root/candidate`` folder that exists, else ``root`` itself.
+
+    Lets a reader take either the dataset folder or a parent of it (``<root>/VIPeR`` or
+    ``<root>/viper/VIPeR``, the torchreid nesting).
+    """
+    root = Path(root)
+    for c in candidates:
+        if (root / c).is_dir():
+            return root / c
+    return root
+
+
+class DatasetReader:
+    """What every reader exposes: ``splits`` and its ``train``/``query``/``gallery`` lists.
+
+    ``corrupt_files`` lists the images skipped with ``skip_corrupt=True`` (empty otherwise).
+    """
+
+    name: str = ""
+    splits: ReIDSplits
+    corrupt_files: Sequence[str] = ()  # readers assign a list
+
+    @property
+    def train(self) -> list[Record]:
+        return self.splits.train
+
+    @property
+    def query(self) -> list[Record]:
+        return self.splits.query
+
+    @property
+    def gallery(self) -> list[Record]:
+        return self.splits.gallery
+
+    @property
+    def num_corrupt(self) -> int:
+        return len(self.corrupt_files)
