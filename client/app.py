@@ -9,6 +9,7 @@ from flwr.common import Context
 
 from client.numpy_client import FedReIDClient, SiteSettings
 from common.config import ExperimentConfig
+from common.logs import setup_logging
 
 
 def site_settings(node_config: dict) -> SiteSettings:
@@ -26,7 +27,7 @@ def site_settings(node_config: dict) -> SiteSettings:
 
 
 def client_fn(context: Context):
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    setup_logging("fedclient")
     cfg = ExperimentConfig.from_json(str(context.run_config.get("experiment-json", "{}")))
     return FedReIDClient(cfg, site_settings(dict(context.node_config))).to_client()
 

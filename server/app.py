@@ -13,6 +13,7 @@ from flwr.server import ServerApp, ServerAppComponents, ServerConfig
 
 from common.checkpoint import atomic_json_save, save_global_checkpoint
 from common.config import ExperimentConfig
+from common.logs import setup_logging
 from common.models.builder import expected_manifest, model_for
 from common.params import get_shared
 from common.seeding import seed_everything
@@ -74,7 +75,7 @@ class RoundReporter:
 
 
 def server_fn(context: Context) -> ServerAppComponents:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    setup_logging("fedserver")
     cfg = ExperimentConfig.from_json(str(context.run_config.get("experiment-json", "{}")))
     run_dir = cfg.resolved_run_dir()
     run_dir.mkdir(parents=True, exist_ok=True)
