@@ -22,7 +22,8 @@ DESCRIPTION = """Run one FedReID site (a Flower SuperNode) and connect it to the
 
 Site settings come from conf/site/<SITE>.yaml (reader, data_root, state_dir); the options below
 override them. Traffic to the SuperLink is HTTPS: give --root-certificates (the CA that signed
-the coordinator's certificate), or --insecure for plain text on a trusted network."""
+the coordinator's certificate), or --insecure for plain text on a trusted network.
+A site key for node authentication: `fedclient keygen --site NAME` (then --auth-key NAME.key)."""
 
 
 def parser() -> argparse.ArgumentParser:
@@ -76,7 +77,12 @@ def supernode_cmd(a: argparse.Namespace, data_root: str, reader: str, state_dir:
 
 
 def main(argv: list[str] | None = None) -> None:
-    a = parser().parse_args(argv)
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args and args[0] == "keygen":
+        from client.keygen import keygen_main
+
+        sys.exit(keygen_main(args[1:]))
+    a = parser().parse_args(args)
     try:
         site = load_site(a.site)
     except ValueError as e:

@@ -93,6 +93,9 @@ class SuperLinkConfig:
     ca_cert: str | None = None  # TLS: CA certificate, server certificate and key files
     cert: str | None = None
     key: str | None = None
+    # Flower node authentication (needs TLS): only sites whose public key is registered may join.
+    node_auth: bool = False
+    site_keys: str | None = None  # folder of <site>.pub registered at start (`fedserver register-site`)
     startup_timeout_s: float = 60.0
 
 

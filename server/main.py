@@ -16,6 +16,7 @@ from pathlib import Path
 from common import processes
 from common.compose import compose_experiment, conf_dir
 from common.config import ExperimentConfig
+from server import admin
 
 USAGE = """usage: fedserver [KEY=VALUE ...] [GROUP=OPTION ...]
 
@@ -30,6 +31,8 @@ Groups:  experiment=fedreid|demo   model=resnet50|resnet18   strategy=fedreid|fe
 Options: --help (this text), --cfg (print the composed config and exit)
 TLS:     superlink.ca_cert=ca.crt superlink.cert=server.pem superlink.key=server.key
          (plain text needs an explicit superlink.insecure=true and prints a warning)
+Sites:   superlink.node_auth=true superlink.site_keys=DIR: only registered site keys may join
+Admin:   fedserver certs | register-site | list-sites | unregister-site  (each with --help)
 
 Every key, with its paper default (conf/config.yaml):
 """
@@ -40,6 +43,14 @@ def build_superlink_cmd(cfg: ExperimentConfig) -> list[str]:
     cmd = [processes.executable("flower-superlink"), "--host", host, "--port", str(port),
            "--disable-runtime-dependency-installation"]
     sl = cfg.superlink
+    if sl.node_auth and sl.insecure:
+        raise SystemExit("fedserver: superlink.node_auth=true needs TLS (superlink.ca_cert/cert/key), "
+                         "not superlink.insecure=true")
+    if sl.site_keys and not sl.node_auth:
+        raise SystemExit("fedserver: superlink.site_keys is set but superlink.node_auth=false: "
+                         "set superlink.node_auth=true, or any site could join")
+    if sl.node_auth:
+        cmd.append("--enable-supernode-auth")
     if sl.insecure:
         cmd.append("--insecure")
     else:
@@ -94,6 +105,8 @@ def run(cfg: ExperimentConfig) -> int:
         processes.wait_for_port(host, port, cfg.superlink.startup_timeout_s, superlink)
         print(f"fedserver: SuperLink listening on {cfg.superlink.address}; waiting for sites {cfg.sites}", flush=True)
         conn = write_cli_config(home / "cli", cfg)
+        if cfg.superlink.node_auth and cfg.superlink.site_keys:
+            admin.register_site_keys(cfg.superlink.site_keys, home / "cli", conn)
         cmd = [processes.executable("flwr"), "run", cfg.app_dir, conn, "--stream",
                "--run-config", str(run_config_file(run_dir, cfg))]
         submit = subprocess.Popen(cmd, env=processes.tool_env(home / "cli"), start_new_session=True)
@@ -131,6 +144,8 @@ def _status(run_dir: Path) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
+    if args and args[0] in admin.SUBCOMMANDS:  # certs, register-site, list-sites, unregister-site
+        sys.exit(admin.SUBCOMMANDS[args[0]](args[1:]))
     if any(a in ("-h", "--help") for a in args):
         print(USAGE + (conf_dir() / "config.yaml").read_text())
         return
