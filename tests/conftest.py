@@ -1,0 +1,31 @@
+"""Shared fixtures: tiny synthetic sites and a tiny experiment config (CPU, seconds)."""
+
+from __future__ import annotations
+
+import pytest
+
+from common.config import ExperimentConfig
+from common.datasets.synthetic import write_market_layout
+
+
+def tiny_config(**over) -> ExperimentConfig:
+    d = {
+        "sites": ["market1501", "dukemtmc"],
+        "model": {"backbone": "resnet18", "height": 32, "width": 16},
+        "train": {"batch_size": 4, "unit": "step", "local_iters": 1, "num_workers": 0, "threads": 1},
+        "strategy": {"min_available_sites": 2},
+    }
+    for k, v in over.items():
+        d.setdefault(k, {})
+        if isinstance(v, dict):
+            d[k] = {**d[k], **v}
+        else:
+            d[k] = v
+    return ExperimentConfig.from_dict(d)
+
+
+@pytest.fixture(scope="session")
+def tiny_site(tmp_path_factory):
+    root = tmp_path_factory.mktemp("site_market1501")
+    write_market_layout(root, num_train_ids=4, num_test_ids=2, images_per_id=4, height=32, width=16, seed=5)
+    return root

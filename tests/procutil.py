@@ -1,0 +1,39 @@
+"""Helpers for tests that start real processes: find and kill everything tied to a folder."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+
+def processes_mentioning(marker: str) -> list[int]:
+    """Pids whose command line or environment mentions ``marker`` (e.g. a test's tmp folder)."""
+    me = os.getpid()
+    found = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit() or int(d.name) == me:
+            continue
+        try:
+            blob = (d / "cmdline").read_bytes() + b"\0" + (d / "environ").read_bytes()
+        except OSError:
+            continue
+        if marker.encode() in blob:
+            found.append(int(d.name))
+    return found
+
+
+def kill_all(proc: subprocess.Popen | None, marker: str) -> None:
+    """Kill ``proc``'s process group and any process still mentioning ``marker``."""
+    if proc is not None:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait(timeout=30)
+    for pid in processes_mentioning(marker):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass

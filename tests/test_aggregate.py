@@ -1,0 +1,98 @@
+"""Strategy maths: Eq. (8) means, ceil(S*N) sampling, Eq. (14)-(15) noise, integer buffers."""
+
+import numpy as np
+import pytest
+
+from common.privacy import add_white_noise
+from server.aggregate import average, sample_sites
+
+
+def test_uniform_mean_matches_hand_computation():
+    a = [np.array([1.0, 2.0], np.float32), np.array([[0.0]], np.float32)]
+    b = [np.array([3.0, 6.0], np.float32), np.array([[4.0]], np.float32)]
+    c = [np.array([5.0, 1.0], np.float32), np.array([[-1.0]], np.float32)]
+    out = average([a, b, c])
+    # (1+3+5)/3 = 3, (2+6+1)/3 = 3, (0+4-1)/3 = 1
+    np.testing.assert_allclose(out[0], [3.0, 3.0])
+    np.testing.assert_allclose(out[1], [[1.0]])
+    assert out[0].dtype == np.float32
+
+
+def test_weighted_mean_by_image_count():
+    a = [np.array([0.0, 10.0])]
+    b = [np.array([4.0, 0.0])]
+    out = average([a, b], weights=[300, 100])
+    # (300*0 + 100*4)/400 = 1, (300*10 + 0)/400 = 7.5
+    np.testing.assert_allclose(out[0], [1.0, 7.5])
+
+
+def test_integer_arrays_are_never_averaged():
+    a = [np.array([1.0]), np.array([7], np.int64)]
+    b = [np.array([3.0]), np.array([100], np.int64)]
+    out = average([a, b])
+    assert out[1].dtype == np.int64 and out[1][0] == 7
+    assert out[0][0] == 2.0
+
+
+@pytest.mark.parametrize("fraction,n,expected", [(1.0, 4, 4), (0.5, 4, 2), (0.3, 10, 3), (0.26, 4, 2),
+                                                 (0.01, 4, 1), (0.75, 4, 3), (0.34, 3, 2)])
+def test_sampling_count_is_ceil_s_times_n(fraction, n, expected):
+    rng = np.random.default_rng(0)
+    picked = sample_sites([f"node{i}" for i in range(n)], fraction, rng)
+    assert len(picked) == expected == max(1, int(np.ceil(fraction * n - 1e-9)))
+    assert len(set(picked)) == expected
+
+
+def test_sampling_is_seeded_and_uniform():
+    ids = list(range(4))
+    a = sample_sites(ids, 0.5, np.random.default_rng(3))
+    b = sample_sites(ids, 0.5, np.random.default_rng(3))
+    assert a == b
+    counts = np.zeros(4)
+    rng = np.random.default_rng(0)
+    for _ in range(4000):
+        for i in sample_sites(ids, 0.5, rng):
+            counts[i] += 1
+    np.testing.assert_allclose(counts / 4000, 0.5, atol=0.04)  # each site in half of the rounds
+
+
+def test_sampling_rejects_bad_fraction():
+    with pytest.raises(ValueError, match=r"\(0, 1\]"):
+        sample_sites([1, 2], 0.0, np.random.default_rng(0))
+
+
+def test_white_noise_statistics():
+    beta = 0.05
+    x = np.full((400, 500), 2.0, np.float32)
+    (y,) = add_white_noise([x], beta, np.random.default_rng(1))
+    d = (y - x).astype(np.float64)
+    assert abs(d.mean()) < 4 * beta / np.sqrt(d.size)  # mean 0 within 4 standard errors
+    assert abs(d.std() - beta) < 0.01 * beta  # std = beta (200k samples: ~0.2% error)
+    assert y.dtype == np.float32
+    assert np.all(x == 2.0)  # input untouched
+
+
+def test_zero_beta_adds_nothing_and_integers_untouched():
+    x = np.linspace(-1, 1, 11).astype(np.float32)
+    counter = np.array([5], np.int64)
+    rng = np.random.default_rng(0)
+    before = rng.bit_generator.state
+    y, c = add_white_noise([x, counter], 0.0, rng)
+    np.testing.assert_array_equal(y, x)
+    assert rng.bit_generator.state == before  # no random numbers consumed
+    y2, c2 = add_white_noise([x, counter], 0.5, np.random.default_rng(0))
+    assert not np.array_equal(y2, x)
+    np.testing.assert_array_equal(c2, counter)
+
+
+def test_independent_draws_per_site():
+    x = np.zeros(1000, np.float32)
+    rng = np.random.default_rng(7)
+    (a,) = add_white_noise([x], 0.1, rng)
+    (b,) = add_white_noise([x], 0.1, rng)
+    assert abs(np.corrcoef(a, b)[0, 1]) < 0.15
+
+
+def test_beta_outside_unit_interval_is_refused():
+    with pytest.raises(ValueError, match=r"\[0, 1\]"):
+        add_white_noise([np.zeros(2)], 1.5, np.random.default_rng(0))

@@ -1,0 +1,48 @@
+"""End to end: a real SuperLink and two real SuperNodes on loopback run 2 FedReID rounds."""
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.procutil import kill_all, processes_mentioning
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.timeout(600)
+def test_two_sites_two_rounds(tmp_path):
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "server.sim", "--out", str(out), "--sites", "market1501", "dukemtmc",
+           "--train-ids", "4", "--images-per-id", "4", "--target-ids", "3", "--timeout", "420",
+           "rounds=2", "model.height=32", "model.width=16", "train.batch_size=4", "train.max_steps_per_epoch=1",
+           "wait_for_sites_s=120", "round_timeout_s=180"]
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        output, _ = proc.communicate(timeout=480)
+    finally:
+        kill_all(proc, str(tmp_path))
+    assert proc.returncode == 0, output[-4000:]
+    rows = json.loads((out / "metrics.json").read_text())
+    assert [r["round"] for r in rows] == [0, 1, 2]
+    for r in rows[1:]:
+        assert r["replied"] == 2 and r["dropped"] == 0 and r["aggregated"] is True
+        assert set(r["sites"]) == {"market1501", "dukemtmc"}
+        assert 0.0 <= r["mean/mAP"] <= 1.0 and 0.0 <= r["synth_a/R1"] <= 1.0
+    assert json.loads((out / "status.json").read_text())["status"] == "completed"
+    final = torch.load(out / "global_final.pt", weights_only=False)
+    assert final["round"] == 2 and all(torch.isfinite(v).all() for v in final["state_dict_shared"].values())
+    assert not any(k.startswith("head.") for k in final["state_dict_shared"])
+    assert (out / "curves.png").stat().st_size > 1000
+    assert (out / "metrics.csv").read_text().startswith("round,")
+    # each site kept its own state (head, expert), written by the per-message ClientApp processes
+    for site in ("market1501", "dukemtmc"):
+        assert (out / "state" / site / "site_state.pt").is_file()
+    assert "[round 2/2]" in output
+    time.sleep(1)
+    assert processes_mentioning(str(tmp_path)) == [], "processes left behind"

@@ -1,0 +1,115 @@
+"""The FedReID site: only shared keys leave it, the head stays, the expert follows Eq. (10)."""
+
+import numpy as np
+import pytest
+import torch
+
+import client.numpy_client as nc
+from client.numpy_client import FedReIDClient, SiteSettings
+from client.state import load_state
+from common.models.builder import expected_manifest, model_for
+from common.params import get_shared
+from tests.conftest import tiny_config
+
+
+def make_client(cfg, root, state_dir, site="market1501"):
+    return FedReIDClient(cfg, SiteSettings(site=site, data_root=str(root), state_dir=str(state_dir)))
+
+
+def global_arrays(cfg, seed=0):
+    torch.manual_seed(seed)
+    return get_shared(model_for(cfg, 1), expected_manifest(cfg))
+
+
+def fit_config(cfg, rnd):
+    return {"server_round": rnd, "manifest_hash": expected_manifest(cfg).hash}
+
+
+def test_only_shared_keys_leave_the_site(tiny_site, tmp_path):
+    cfg = tiny_config()
+    c = make_client(cfg, tiny_site, tmp_path)
+    sent, n, metrics = c.fit(global_arrays(cfg), fit_config(cfg, 1))
+    man = expected_manifest(cfg)
+    assert len(sent) == len(man.keys)
+    assert [a.shape for a in sent] == [tuple(s) for s in man.shapes]
+    saved = load_state(tmp_path, site="market1501", manifest_hash=man.hash, num_classes=4)
+    head = {k: v for k, v in saved.model.items() if k.startswith("head.")}
+    assert head, "the head must be kept on the site"
+    # nothing that crosses the wire equals (or has the shape of) the head's classifier
+    head_shapes = {tuple(v.shape) for k, v in head.items() if k.startswith("head.classifier")}
+    assert not head_shapes & {a.shape for a in sent}
+    # what is sent is exactly the trained embedding, key by key
+    for k, a in zip(man.keys, sent):
+        np.testing.assert_array_equal(a, saved.model[k].numpy())
+    assert n == 16 and metrics["site"] == "market1501"
+
+
+def test_head_persists_and_expert_starts_from_previous_round_model(tiny_site, tmp_path, monkeypatch):
+    cfg = tiny_config()
+    man = expected_manifest(cfg)
+    make_client(cfg, tiny_site, tmp_path).fit(global_arrays(cfg), fit_config(cfg, 1))
+    end_of_round_1 = load_state(tmp_path, site="market1501", manifest_hash=man.hash, num_classes=4).model
+    seen = {}
+    real_train = nc.train_round
+
+    def spy(model, expert, *a, **kw):
+        seen["model"] = {k: v.clone() for k, v in model.state_dict().items()}
+        seen["expert"] = {k: v.clone() for k, v in expert.state_dict().items()}
+        return real_train(model, expert, *a, **kw)
+
+    monkeypatch.setattr(nc, "train_round", spy)
+    new_global = global_arrays(cfg, seed=1)
+    # a fresh client object = a fresh ClientApp process: state comes from disk only
+    make_client(cfg, tiny_site, tmp_path).fit(new_global, fit_config(cfg, 2))
+    for k, v in end_of_round_1.items():  # Eq. (10): expert = this site's model at the end of round 1
+        assert torch.equal(seen["expert"][k], v), k
+    for k, a in zip(man.keys, new_global):  # Eq. (7): embedding from the server ...
+        assert torch.equal(seen["model"][k], torch.from_numpy(a)), k
+    for k, v in end_of_round_1.items():  # ... and the site's own head
+        if k.startswith("head."):
+            assert torch.equal(seen["model"][k], v), k
+    st = load_state(tmp_path, site="market1501", manifest_hash=man.hash, num_classes=4)
+    assert st.last_round == 2 and st.rounds_trained == 2 and st.optimizer is not None
+
+
+def test_manifest_mismatch_is_refused_naming_both(tiny_site, tmp_path):
+    cfg = tiny_config()
+    c = make_client(cfg, tiny_site, tmp_path)
+    with pytest.raises(ValueError) as e:
+        c.fit(global_arrays(cfg), {"server_round": 1, "manifest_hash": "deadbeefdeadbeef"})
+    assert "deadbeefdeadbeef" in str(e.value) and expected_manifest(cfg).hash in str(e.value)
+
+
+def test_site_not_in_run_and_state_of_other_model_are_refused(tiny_site, tmp_path):
+    with pytest.raises(ValueError, match="not part of this run"):
+        make_client(tiny_config(), tiny_site, tmp_path, site="msmt17")
+    cfg = tiny_config()
+    make_client(cfg, tiny_site, tmp_path).fit(global_arrays(cfg), fit_config(cfg, 1))
+    other = tiny_config(model={"backbone": "resnet34"})
+    with pytest.raises(RuntimeError, match="model manifest"):
+        make_client(other, tiny_site, tmp_path).fit(global_arrays(other), fit_config(other, 2))
+
+
+def test_no_expert_baseline_trains_without_one(tiny_site, tmp_path, monkeypatch):
+    cfg = tiny_config(train={"local_expert": False})
+    seen = {}
+    real_train = nc.train_round
+
+    def spy(model, expert, *a, **kw):
+        seen["expert"] = expert
+        return real_train(model, expert, *a, **kw)
+
+    monkeypatch.setattr(nc, "train_round", spy)
+    _, _, m = make_client(cfg, tiny_site, tmp_path).fit(global_arrays(cfg), fit_config(cfg, 1))
+    assert seen["expert"] is None and m["kd"] == 0.0
+
+
+def test_learning_rate_steps_down_every_40_rounds():
+    from client.train import make_optimizer, set_round_lr
+
+    m = model_for(tiny_config(), 3)
+    opt = make_optimizer(m, lr_embedding=0.01, lr_head=0.1, momentum=0.9, nesterov=True, weight_decay=5e-4)
+    for rnd, factor in ((1, 1.0), (40, 1.0), (41, 0.1), (80, 0.1), (81, 0.01)):
+        set_round_lr(opt, rnd, 40, 0.1)
+        assert opt.param_groups[0]["lr"] == pytest.approx(0.01 * factor)
+        assert opt.param_groups[1]["lr"] == pytest.approx(0.1 * factor)
