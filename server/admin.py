@@ -114,14 +114,20 @@ def flwr_cli(args: list[str], flwr_home: Path, timeout_s: float = CLI_TIMEOUT_S)
 
 
 def _last_json(text: str) -> dict:
-    for line in reversed(text.strip().splitlines()):
-        line = line.strip()
-        if line.startswith("{"):
-            try:
-                return json.loads(line)
-            except ValueError:
-                continue
-    return {}
+    """The last JSON object in ``flwr ... --format json`` output (it may be indented over lines)."""
+    decoder = json.JSONDecoder()
+    found: dict = {}
+    i = text.find("{")
+    while i != -1:
+        try:
+            obj, end = decoder.raw_decode(text, i)
+        except ValueError:
+            i = text.find("{", i + 1)
+            continue
+        if isinstance(obj, dict):
+            found = obj
+        i = text.find("{", end)
+    return found
 
 
 def register_key(pub: Path, site: str, flwr_home: Path, connection: str = CONNECTION) -> int:
@@ -132,6 +138,7 @@ def register_key(pub: Path, site: str, flwr_home: Path, connection: str = CONNEC
     reply = _last_json(r.stdout)
     if r.returncode != 0 or not reply.get("success"):
         why = reply.get("error-message") or (r.stdout + r.stderr).strip()[-600:]
+        why = " ".join(ln.strip() for ln in str(why).splitlines() if ln.strip() and not ln.startswith("Using SuperLink"))
         raise SystemExit(f"fedserver: registering site {site} ({pub}) failed (flwr exit {r.returncode}): {why}")
     return int(reply["node-id"])
 
