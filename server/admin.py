@@ -269,10 +269,21 @@ def list_nodes(address: str, root_certificates: str) -> list[dict]:
     return nodes
 
 
+def list_sites_parser() -> argparse.ArgumentParser:
+    p = _registry_parser("fedserver list-sites", "List registered sites: the keys folder and/or a running SuperLink.")
+    p.add_argument("--check", action="store_true",
+                   help="exit 1 unless every key of --keys-dir is registered with the SuperLink at --superlink "
+                        "(a readiness check: docker/compose.yaml starts the sites after it passes)")
+    return p
+
+
 def list_sites_main(argv: list[str]) -> int:
     prog = "fedserver list-sites"
-    a = _registry_parser(prog, "List registered sites: the keys folder and/or a running SuperLink.").parse_args(argv)
+    a = list_sites_parser().parse_args(argv)
     _need_target(a, prog)
+    if a.check and not (a.keys_dir and a.superlink):
+        raise SystemExit(f"{prog}: --check needs both --keys-dir and --superlink")
+    expected: dict[str, str] = {}
     if a.keys_dir:
         try:
             keys = site_key_files(Path(a.keys_dir))
@@ -280,11 +291,22 @@ def list_sites_main(argv: list[str]) -> int:
             raise SystemExit(f"{prog}: {e}") from None
         print(f"keys folder {Path(a.keys_dir).expanduser().resolve()}:")
         for site, pub in keys.items():
-            print(f"  {site:16s} {security.fingerprint(security.load_site_public_key(pub))}")
+            expected[site] = security.fingerprint(security.load_site_public_key(pub))
+            print(f"  {site:16s} {expected[site]}")
     if a.superlink:
         print(f"SuperLink {a.superlink}:")
-        for n in list_nodes(a.superlink, a.root_certificates):
+        try:
+            nodes = list_nodes(a.superlink, a.root_certificates)
+        except Exception as e:  # noqa: BLE001 - httpx/click/Flower errors: one line, no traceback
+            raise SystemExit(f"{prog}: could not list the SuperLink's nodes at {a.superlink}: {e}") from None
+        for n in nodes:
             print(f"  {n['site'] or '-':16s} node {n['node_id']:<22d} {n['status']:12s} {n['key']}")
+        if a.check:
+            live = {(n["site"], n["key"]) for n in nodes if n["status"] != "unregistered"}
+            missing = sorted(s for s, fp in expected.items() if (s, fp) not in live)
+            if missing:
+                print(f"{prog}: not registered with the SuperLink yet: {missing}", file=sys.stderr)
+                return 1
     return 0
 
 
@@ -301,8 +323,11 @@ def unregister_site_main(argv: list[str]) -> int:
         pub.unlink()
         print(f"{prog}: removed {pub}")
     if a.superlink:
-        nodes = [n for n in list_nodes(a.superlink, a.root_certificates)
-                 if n["site"] == a.site and n["status"] != "unregistered"]
+        try:
+            nodes = [n for n in list_nodes(a.superlink, a.root_certificates)
+                     if n["site"] == a.site and n["status"] != "unregistered"]
+        except Exception as e:  # noqa: BLE001 - httpx/click/Flower errors: one line, no traceback
+            raise SystemExit(f"{prog}: could not list the SuperLink's nodes at {a.superlink}: {e}") from None
         if not nodes:
             raise SystemExit(f"{prog}: the SuperLink at {a.superlink} has no registered node named {a.site}")
         with temporary_connection(a.superlink, a.root_certificates) as home:

@@ -26,7 +26,7 @@ from cryptography.hazmat.primitives import serialization
 from client.keygen import keygen_main
 from common import processes, security
 from common.datasets.synthetic import write_market_layout
-from server.admin import certs_main, register_site_main
+from server.admin import certs_main, list_sites_main, register_site_main
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = ["experiment=demo", "rounds=1", "model.height=32", "model.width=16", "train.max_steps_per_epoch=1",
@@ -187,6 +187,14 @@ def test_registered_sites_train_and_unregistered_are_refused(tmp_path):
         server = start(fed, fedserver_cmd(fed, address, sites), logs / "fedserver.log")
         # the keys are registered before any site is started: an unregistered key is refused at once
         wait_for_text(logs / "fedserver.log", r"registered site dukemtmc \(node \d+", 90, server)
+        # the operator's readiness check (docker/compose.yaml's healthcheck): all keys registered; a
+        # folder that also holds cuhk03's key is not
+        online = ["--superlink", address, "--root-certificates", str(fed.tls.ca_cert)]
+        assert list_sites_main(["--keys-dir", str(fed.registry), *online, "--check"]) == 0
+        more = tmp_path / "registry_plus_cuhk03"
+        for name in [*sites, "cuhk03"]:
+            register_site_main([str(fed.keys / f"{name}.pub"), "--site", name, "--keys-dir", str(more)])
+        assert list_sites_main(["--keys-dir", str(more), *online, "--check"]) == 1
         for s in sites:
             start(fed, fedclient_cmd(fed, s, address, fed.data[s], key=fed.key(s)), logs / f"{s}.log")
         bad = {
