@@ -1,0 +1,245 @@
+"""docker/compose.yaml, read without a Docker engine: services, volumes, secrets and commands.
+
+Every command is checked against the real entry points (pyproject [project.scripts]), the real
+argument parsers and the real Hydra configuration, so that a renamed flag or config key fails here.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+import yaml
+
+from client.main import parser as fedclient_parser
+from common.compose import compose_experiment, site_names
+from server.admin import certs_main, list_sites_parser
+from server.main import build_superlink_cmd
+
+REPO = Path(__file__).resolve().parents[1]
+DOCKER = REPO / "docker"
+SITES = ["market1501", "dukemtmc", "cuhk03", "msmt17"]
+VAR = re.compile(r"\$\{(\w+)(?::-([^}]*))?\}")
+
+
+def interpolate(obj, env: dict[str, str]):
+    """Compose's ``${VAR:-default}`` interpolation (``$$`` is a literal ``$``)."""
+    if isinstance(obj, dict):
+        return {interpolate(k, env): interpolate(v, env) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [interpolate(v, env) for v in obj]
+    if isinstance(obj, str):
+        def sub(m: re.Match) -> str:
+            if m.group(1) not in env and m.group(2) is None:
+                raise KeyError(f"${{{m.group(1)}}} has no default in the compose file")
+            return env.get(m.group(1), m.group(2) or "")
+
+        return VAR.sub(sub, obj.replace("$$", "\0")).replace("\0", "$")
+    return obj
+
+
+def load_compose(*names: str, env: dict[str, str] | None = None) -> dict:
+    """The compose files merged the way ``docker compose -f A -f B`` merges mappings."""
+    merged: dict = {}
+    for name in names or ("compose.yaml",):
+        doc = interpolate(yaml.safe_load((DOCKER / name).read_text()), env or {})
+        _merge(merged, {k: v for k, v in doc.items() if not k.startswith("x-")})
+    return merged
+
+
+def _merge(into: dict, new: dict) -> None:
+    for k, v in new.items():
+        if isinstance(v, dict) and isinstance(into.get(k), dict):
+            _merge(into[k], v)
+        else:
+            into[k] = v
+
+
+def mounts(service: dict) -> dict[str, tuple[str, bool]]:
+    """``{container path: (source, read_only)}`` of a service's short-syntax volumes."""
+    out = {}
+    for v in service.get("volumes", []):
+        parts = v.split(":")
+        out[parts[1]] = (parts[0], len(parts) > 2 and "ro" in parts[2].split(","))
+    return out
+
+
+def flag(cmd: list[str], name: str) -> str:
+    return cmd[cmd.index(name) + 1]
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict:
+    return load_compose()
+
+
+@pytest.fixture(scope="module")
+def scripts() -> dict:
+    return tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
+
+
+def test_services_are_the_coordinator_and_the_four_configured_sites(compose):
+    assert set(compose["services"]) == {"superlink", *SITES}
+    assert sorted(SITES) == site_names()  # one conf/site/<name>.yaml per site service
+    images = {s["image"] for s in compose["services"].values()}
+    assert images == {"fedreid:cpu"}  # one image for every role
+    for s in compose["services"].values():
+        assert s["build"]["dockerfile"] == "docker/Dockerfile"
+        assert (DOCKER / s["build"]["context"] / s["build"]["dockerfile"]).resolve() == DOCKER / "Dockerfile"
+        assert s["build"]["args"]["TORCH_VARIANT"] == "cpu"
+
+
+def test_commands_use_real_entry_points(compose, scripts):
+    for name, s in compose["services"].items():
+        assert s["command"][0] in scripts, f"{name}: {s['command'][0]} is not in [project.scripts]"
+    assert scripts["fedserver"] == "server.main:main" and scripts["fedclient"] == "client.main:main"
+    health = compose["services"]["superlink"]["healthcheck"]["test"]
+    assert health[0] == "CMD" and health[1] in scripts
+
+
+def test_coordinator_command_composes_with_the_real_config(compose, tmp_path):
+    s = compose["services"]["superlink"]
+    cmd = s["command"]
+    cfg = compose_experiment(cmd[1:])  # every key and group exists (Hydra and the typed config)
+    assert cfg.sites == SITES
+    assert cfg.superlink.node_auth and not cfg.superlink.insecure
+    assert cfg.superlink.address == "0.0.0.0:9092"
+    assert s["ports"] == ["9092:9092"]
+    # outputs in the runs volume; keys read from files mounted from the secrets
+    assert cfg.run_dir.startswith("/runs/") and mounts(s)["/runs"] == ("runs", False)
+    registry_src, registry_ro = mounts(s)[cfg.superlink.site_keys]
+    assert registry_ro and registry_src == "./secrets/registry"
+    secrets = compose["secrets"]
+    for key, secret_file in (("ca_cert", "tls/ca.crt"), ("cert", "tls/server.pem"), ("key", "tls/server.key")):
+        path = getattr(cfg.superlink, key)
+        name = path.removeprefix("/run/secrets/")
+        assert name in s["secrets"] and secrets[name]["file"] == f"./secrets/{secret_file}"
+    # with those files in place, the SuperLink starts with TLS and node authentication
+    certs_main([str(tmp_path), "--host", "superlink"])
+    cfg.superlink.ca_cert, cfg.superlink.cert, cfg.superlink.key = (
+        str(tmp_path / "ca.crt"), str(tmp_path / "server.pem"), str(tmp_path / "server.key"))
+    sl = build_superlink_cmd(cfg)
+    assert "--enable-supernode-auth" in sl and "--insecure" not in sl
+    # the demo experiment (plain text on loopback) cannot switch TLS off through the compose file
+    demo = compose_experiment(load_compose(env={"FEDREID_EXPERIMENT": "demo"})["services"]["superlink"]["command"][1:])
+    assert not demo.superlink.insecure and demo.superlink.address == "0.0.0.0:9092" and demo.name == "demo"
+
+
+def test_readiness_check_waits_for_every_registered_key(compose):
+    s = compose["services"]["superlink"]
+    health = s["healthcheck"]["test"]
+    assert health[2] == "list-sites"
+    a = list_sites_parser().parse_args(health[3:])
+    cfg = compose_experiment(s["command"][1:])
+    assert a.check and a.keys_dir == cfg.superlink.site_keys and a.root_certificates == cfg.superlink.ca_cert
+    assert a.superlink.endswith(":" + cfg.superlink.address.rsplit(":", 1)[1])
+    for site in SITES:
+        assert compose["services"][site]["depends_on"]["superlink"]["condition"] == "service_healthy"
+
+
+@pytest.mark.parametrize("site", SITES)
+def test_site_command_flags_volumes_and_secrets(compose, site):
+    s = compose["services"][site]
+    cmd = s["command"]
+    a = fedclient_parser().parse_args(cmd[1:])  # the real parser accepts every flag
+    assert a.site == site
+    host, port = a.superlink.rsplit(":", 1)
+    assert host == "superlink" and port == "9092"  # the coordinator service and its port
+    # its own data, read-only, and its own state volume
+    m = mounts(s)
+    assert m[a.data_root][1] is True, "data must be mounted read-only"
+    assert m[a.data_root][0] == f"./data/{site}"
+    state_src, state_ro = m[a.state_dir]
+    assert state_src == f"{site}_state" and not state_ro and state_src in compose["volumes"]
+    # TLS and its own key only; the key is a secret file, never a value
+    assert a.root_certificates == "/run/secrets/ca_cert" and a.auth_key == f"/run/secrets/{site}_key"
+    assert sorted(s["secrets"]) == sorted(["ca_cert", f"{site}_key"])
+    assert compose["secrets"][f"{site}_key"]["file"] == f"./secrets/sites/{site}.key"
+    assert not a.insecure and a.device == "cpu"
+
+
+def test_no_two_services_share_data_state_or_keys(compose):
+    sources = [src for s in compose["services"].values() for src, _ in mounts(s).values()]
+    assert len(sources) == len(set(sources))
+    users = {}
+    for name, s in compose["services"].items():
+        for secret in s.get("secrets", []):
+            users.setdefault(secret, []).append(name)
+    assert users.pop("ca_cert") == ["superlink", *SITES]  # public, everyone
+    assert all(len(v) == 1 for v in users.values()), users
+    assert users["server_key"] == ["superlink"]
+
+
+def test_gpu_override_reserves_a_gpu_per_site_and_uses_the_cuda_image():
+    env = {"TORCH_VARIANT": "cuda", "SITE_DEVICE": "cuda"}
+    gpu = load_compose("compose.yaml", "compose.gpu.yaml", env=env)
+    assert set(yaml.safe_load((DOCKER / "compose.gpu.yaml").read_text())["services"]) == set(SITES)
+    ids = []
+    for site in SITES:
+        s = gpu["services"][site]
+        (dev,) = s["deploy"]["resources"]["reservations"]["devices"]
+        assert dev["driver"] == "nvidia" and dev["capabilities"] == ["gpu"]
+        ids += dev["device_ids"]
+        assert s["image"] == "fedreid:cuda" and s["build"]["args"]["TORCH_VARIANT"] == "cuda"
+        assert fedclient_parser().parse_args(s["command"][1:]).device == "cuda"
+    assert sorted(ids) == ["0", "1", "2", "3"]
+    assert "deploy" not in gpu["services"]["superlink"]
+
+
+def test_dockerfile_builds_both_variants_from_pyproject_pins(tmp_path):
+    text = (DOCKER / "Dockerfile").read_text()
+    assert re.search(r"^ARG TORCH_VARIANT=cpu$", text, re.MULTILINE)
+    assert re.search(r"^\s+cpu\)", text, re.MULTILINE) and re.search(r"^\s+cuda\)", text, re.MULTILINE)
+    # run the Dockerfile's own dependency split on our pyproject
+    script = re.search(r"^RUN python <<EOF\n(.*?)^EOF$", text, re.MULTILINE | re.DOTALL).group(1)
+    shutil.copy(REPO / "pyproject.toml", tmp_path / "pyproject.toml")
+    out = tmp_path / "tmp"
+    out.mkdir()
+    script = script.replace("/tmp/", f"{out}/")
+    subprocess.run([sys.executable, "-c", script], cwd=tmp_path, check=True, timeout=60)
+    deps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+    torch = (out / "torch.txt").read_text().split()
+    rest = (out / "requirements.txt").read_text().split()
+    assert sorted(torch) == sorted(d for d in deps if re.match(r"torch(vision)?==", d))
+    assert len(torch) == 2 and sorted(torch + rest) == sorted(deps)
+    # the entry points the compose file uses exist once the project is installed
+    assert "pip install --no-deps -e ." in text and "USER fedreid" in text
+    ignore = (DOCKER / "Dockerfile.dockerignore").read_text().split()
+    assert {"docker/secrets", ".venv", "**/*.key"} <= set(ignore)
+
+
+def test_fedclient_help_lists_the_flags_compose_uses(compose):
+    r = subprocess.run([sys.executable, "-m", "client.main", "--help"], cwd=REPO, capture_output=True, text=True,
+                       timeout=60, check=True)
+    used = {a for site in SITES for a in compose["services"][site]["command"] if a.startswith("--")}
+    assert used and all(f in r.stdout for f in used), sorted(f for f in used if f not in r.stdout)
+
+
+@pytest.mark.skipif(not (REPO / ".git").exists() or not shutil.which("git"), reason="not a git checkout")
+def test_secrets_folder_is_git_ignored():
+    paths = ["docker/secrets/sites/market1501.key", "docker/secrets/tls/server.key", "docker/secrets/tls/ca.key"]
+    r = subprocess.run(["git", "check-ignore", *paths], cwd=REPO, capture_output=True, text=True, timeout=30,
+                       check=False)
+    assert r.stdout.split() == paths
+
+
+@pytest.mark.skipif(not shutil.which("make"), reason="make is not installed")
+def test_make_targets_drive_docker_compose():
+    mk = "Makefile" if (REPO / "Makefile").is_file() and "compose-up" in (REPO / "Makefile").read_text() \
+        else "docker/compose.mk"
+    env = {k: v for k, v in os.environ.items() if k not in ("GPU", "VOLUMES")}
+
+    def dry(*args: str) -> str:
+        return subprocess.run(["make", "-f", mk, "-n", *args], cwd=REPO, capture_output=True, text=True,
+                              check=True, timeout=30, env=env).stdout
+
+    up, gpu, down = dry("compose-up"), dry("compose-up", "GPU=1"), dry("compose-down")
+    assert "docker compose -f docker/compose.yaml" in up and " up --build" in up and "compose.gpu.yaml" not in up
+    assert "-f docker/compose.gpu.yaml" in gpu and "TORCH_VARIANT=cuda" in gpu and "SITE_DEVICE=cuda" in gpu
+    assert "docker compose -f docker/compose.yaml" in down and " down" in down
