@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from common.fedfr_config import FedFRConfig
+
 
 def sites_per_round(fraction: float, num_sites: int) -> int:
     """ceil(S * N), at least 1 (Eq. 5/8); the tiny epsilon keeps 0.3 * 10 at 3, not 4."""
@@ -116,6 +118,7 @@ class ExperimentConfig:
     privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     superlink: SuperLinkConfig = field(default_factory=SuperLinkConfig)
+    fedfr: FedFRConfig = field(default_factory=FedFRConfig)  # task: fedfr (seed 001)
 
     @classmethod
     def from_json(cls, text: str) -> ExperimentConfig:
@@ -139,6 +142,10 @@ class ExperimentConfig:
         def bad(key: str, expected: str, found: Any) -> ValueError:
             return ValueError(f"config {key}: expected {expected}, found {found!r}")
 
+        if self.task not in ("fedreid", "fedfr"):
+            raise bad("task", "fedreid or fedfr", self.task)
+        if self.task == "fedfr":
+            self.fedfr.validate()
         if not 0.0 < self.strategy.fraction <= 1.0:
             raise bad("strategy.fraction", "S in (0, 1]", self.strategy.fraction)
         if self.strategy.mode not in ("fedreid", "fedavg", "local"):
@@ -196,5 +203,6 @@ def _build(cls: type, d: dict[str, Any] | None, prefix: str) -> Any:
 
 
 def _dataclass_of(t: Any) -> type | None:
-    names = {c.__name__: c for c in (ModelConfig, TrainConfig, StrategyConfig, PrivacyConfig, EvalConfig, SuperLinkConfig)}
+    names = {c.__name__: c for c in (ModelConfig, TrainConfig, StrategyConfig, PrivacyConfig, EvalConfig, SuperLinkConfig,
+                                     FedFRConfig)}
     return names.get(t if isinstance(t, str) else getattr(t, "__name__", ""))

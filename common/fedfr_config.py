@@ -1,0 +1,109 @@
+"""FedFR settings (seed 001), the ``fedfr`` section of ExperimentConfig (``task: fedfr``).
+
+Defaults are the paper's (``conf/experiment/fedfr.yaml`` restates them); ``experiment=fedfr-demo``
+shrinks the model and the data for a 2-core CPU. Settings shared with FedReID stay where they are:
+``rounds`` (T), ``sites``, ``strategy.fraction``/``min_*``, ``privacy``, ``superlink``,
+``train.threads``/``train.num_workers`` (process settings) and ``eval.device``/``eval.batch_size``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+# The names of common.models.face.FACE_BACKBONES (not imported: the config must not pull in torch;
+# tests/test_fedfr_config.py checks that the two agree).
+BACKBONES = ("sphere4", "sphere20", "sphere36", "sphere64")
+STAGES = ("train", "pretrain")
+INIT_LOCAL = ("imprint", "random")
+
+
+@dataclass
+class FedFRConfig:
+    # What `fedserver task=fedfr` does: "pretrain" = CosFace on the public data, writing Theta_g^0
+    # and Phi_g to `pretrained`; "train" = the federated run that starts from that checkpoint.
+    stage: str = "train"
+    public_root: str = ""  # identity folders of the public data D_g (server: pretrain; sites: HN)
+    pretrained: str = ""  # checkpoint of stage=pretrain; "" = <run_dir>/pretrained.pt
+
+    # Model: the 64-layer SphereFace/CosFace CNN, 512-d, 112x112 inputs in [-1, 1].
+    backbone: str = "sphere64"  # sphere4 (CPU tests) | sphere20 | sphere36 | sphere64
+    embedding_dim: int = 512
+    image_size: int = 112
+
+    # Losses (s = s' = 30, m = m' = 0.4, tau = 0.5, lambda = 0.7, t' = 3; a = (1, 5, 10)).
+    s: float = 30.0  # CosFace scale (pre-training and balanced CosFace)
+    m: float = 0.4  # CosFace margin
+    hard_negatives: bool = True  # false: no public data in local training (ablation row 2)
+    t_hn: float = 0.4  # hard-negative threshold t_HN = m
+    hn_chunk: int = 8192  # public features scored this many at a time (memory bound)
+    contrastive: bool = True  # MOON term (ablation)
+    tau: float = 0.5
+    dfc: bool = True  # DFC branch with margin BCE (ablation)
+    bce_lambda: float = 0.7
+    bce_r: float = 30.0  # s'
+    bce_m: float = 0.4  # m'
+    bce_t: float = 3.0  # t' of g(z)
+    alpha: list[float] = field(default_factory=lambda: [1.0, 5.0, 10.0])  # a1 L_cos + a2 L_con + a3 L_BCE
+    # W_l and Omega at a site's first round: "imprint" = the mean global-model feature of each
+    # local identity (what the official code does), "random" = N(0, 0.01) / xavier.
+    init_local: str = "imprint"
+
+    # Local training: SGD lr 0.001, wd 5e-4 (momentum 0.9 as the official code), E = 4 epochs.
+    local_epochs: int = 4  # E
+    batch_size: int = 64
+    lr: float = 0.001
+    momentum: float = 0.9
+    weight_decay: float = 5e-4
+    max_steps_per_epoch: int = 0  # 0 = whole epoch; > 0 caps an epoch (demo/tests)
+    flip: bool = True  # random horizontal flip (insightface training augmentation)
+
+    # Pre-training of the generic model on the public data (CosFace, s = 30, m = 0.4).
+    pretrain_epochs: int = 20
+    pretrain_lr: float = 0.1
+    pretrain_batch_size: int = 128
+    pretrain_milestones: list[int] = field(default_factory=lambda: [10, 15, 18])  # lr x0.1 at these epochs
+
+    # Evaluation (`fedeval task=fedfr`, and the generic part after each round when ijbc_root is set).
+    ijbc_root: str = ""  # IJB-C layout: meta/ijbc_face_tid_mid.txt, ... and loose_crop/ (aligned crops)
+    far_targets: list[float] = field(default_factory=lambda: [1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1])
+    fpir_targets: list[float] = field(default_factory=lambda: [0.01, 0.1])
+    ranks: list[int] = field(default_factory=lambda: [1, 5, 10])
+    # Personalised protocol: site -> {data_root, state_dir}; a site not listed is read from
+    # conf/site/<site>.yaml. Each site's data_root holds train/ (registered) and test/ (probes).
+    eval_sites: dict[str, dict[str, str]] = field(default_factory=dict)
+    max_genuine_pairs_per_site: int = 0  # 0 = every same-identity pair of a site's test images
+
+    def validate(self) -> None:
+        def bad(key: str, expected: str, found: Any) -> ValueError:
+            return ValueError(f"config fedfr.{key}: expected {expected}, found {found!r}")
+
+        if self.stage not in STAGES:
+            raise bad("stage", f"one of {', '.join(STAGES)}", self.stage)
+        if self.backbone not in BACKBONES:
+            raise bad("backbone", f"one of {', '.join(BACKBONES)}", self.backbone)
+        if self.init_local not in INIT_LOCAL:
+            raise bad("init_local", f"one of {', '.join(INIT_LOCAL)}", self.init_local)
+        for key in ("embedding_dim", "image_size", "local_epochs", "hn_chunk", "pretrain_epochs"):
+            if getattr(self, key) < 1:
+                raise bad(key, ">= 1", getattr(self, key))
+        for key in ("batch_size", "pretrain_batch_size"):
+            if getattr(self, key) < 2:
+                raise bad(key, ">= 2", getattr(self, key))
+        for key in ("s", "bce_r", "tau", "lr", "pretrain_lr", "bce_t"):
+            if not getattr(self, key) > 0:
+                raise bad(key, "> 0", getattr(self, key))
+        if not -1.0 <= self.t_hn <= 1.0:
+            raise bad("t_hn", "a cosine in [-1, 1]", self.t_hn)
+        if not 0.0 < self.bce_lambda < 1.0:
+            raise bad("bce_lambda", "lambda in (0, 1)", self.bce_lambda)
+        if len(self.alpha) != 3 or any(a < 0 or not math.isfinite(a) for a in self.alpha):
+            raise bad("alpha", "three non-negative weights [a1, a2, a3]", self.alpha)
+        if any(not 0.0 < a < 1.0 for a in self.far_targets + self.fpir_targets):
+            raise bad("far_targets/fpir_targets", "rates in (0, 1)", self.far_targets + self.fpir_targets)
+        if any(k < 1 for k in self.ranks):
+            raise bad("ranks", "ranks >= 1", self.ranks)
+        for site, d in self.eval_sites.items():
+            if not isinstance(d, dict) or not set(d) <= {"data_root", "state_dir"}:
+                raise bad(f"eval_sites.{site}", "a mapping with data_root and state_dir", d)
