@@ -86,7 +86,7 @@ def scripts() -> dict:
 
 def test_services_are_the_coordinator_and_the_four_configured_sites(compose):
     assert set(compose["services"]) == {"superlink", *SITES}
-    assert sorted(SITES) == site_names()  # one conf/site/<name>.yaml per site service
+    assert set(SITES) <= set(site_names())  # each site service has its conf/site/<name>.yaml
     images = {s["image"] for s in compose["services"].values()}
     assert images == {"fedreid:cpu"}  # one image for every role
     for s in compose["services"].values():
