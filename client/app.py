@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import logging
-
 from flwr.client import ClientApp
 from flwr.common import Context
 

@@ -28,6 +28,7 @@ from common.datasets.transforms import train_transform
 from common.models.builder import expected_manifest, model_for
 from common.models.reid import ReIDModel
 from common.params import get_shared, set_shared
+from common.processes import process_age_s
 from common.seeding import seed_everything, stable_seed
 
 log = logging.getLogger("fedclient")
@@ -68,6 +69,7 @@ class FedReIDClient(NumPyClient):
 
     def fit(self, parameters, config):
         t0 = time.perf_counter()
+        startup = process_age_s()  # ClientApp process start -> here (imports, data listing)
         server_round = int(config.get("server_round", 1))
         their_hash = str(config.get("manifest_hash", ""))
         if their_hash != self.manifest.hash:
@@ -92,24 +94,28 @@ class FedReIDClient(NumPyClient):
             expert.load_state_dict(st.model if st is not None and st.model is not None else model.state_dict())
         opt, eopt = self._optimizers(model, expert, st, server_round)
         loader = self._loader(server_round)
+        t_load = time.perf_counter()
         stats = train_round(
             model, expert, loader, opt, eopt, unit=self.cfg.train.unit, iters=self.cfg.train.local_iters,
             temperature=self.cfg.train.temperature, device=self.device,
             max_steps_per_epoch=self.cfg.train.max_steps_per_epoch,
         )
+        t_train = time.perf_counter()
         model.cpu()
         new = SiteState(
             site=self.s.site, manifest_hash=self.manifest.hash, num_classes=self.num_classes,
             last_round=server_round, rounds_trained=(st.rounds_trained if st else 0) + 1,
             model=copy.deepcopy(model.state_dict()), optimizer=opt.state_dict(),
-            expert_optimizer=eopt.state_dict() if eopt is not None else None,
             history=(st.history if st else []) + [{"round": server_round, **stats}],
         )
         save_state(self.state_dir, new)
-        seconds = time.perf_counter() - t0
-        log.info("site %s round %d: %s (%.1fs)", self.s.site, server_round,
-                 ", ".join(f"{k}={v:.4f}" for k, v in stats.items()), seconds)
-        metrics = {"site": self.s.site, "train_seconds": seconds, **{k: float(v) for k, v in stats.items()}}
+        t_end = time.perf_counter()
+        timing = {"startup_seconds": startup, "load_seconds": t_load - t0, "train_seconds": t_train - t_load,
+                  "save_seconds": t_end - t_train}
+        log.info("site %s round %d: %s | %s", self.s.site, server_round,
+                 ", ".join(f"{k}={v:.4f}" for k, v in stats.items()),
+                 ", ".join(f"{k}={v:.1f}" for k, v in timing.items()))
+        metrics = {"site": self.s.site, **timing, **{k: float(v) for k, v in stats.items()}}
         return get_shared(model, self.manifest), len(self.data.train), metrics
 
     def _set_start_point(self, model: ReIDModel, parameters: list[np.ndarray], st: SiteState | None) -> None:
@@ -133,8 +139,7 @@ class FedReIDClient(NumPyClient):
         eopt = make_optimizer(expert, **kw) if expert is not None else None
         if st is not None and st.optimizer is not None:
             opt.load_state_dict(st.optimizer)
-        if eopt is not None and st is not None and st.expert_optimizer is not None:
-            eopt.load_state_dict(st.expert_optimizer)
+        # the expert is a new model every round (Eq. 10): its optimizer starts afresh too
         for o in (opt, eopt):
             if o is not None:
                 set_round_lr(o, server_round, t.lr_step_rounds, t.lr_gamma)

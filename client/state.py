@@ -1,8 +1,8 @@
 """A site's private state between rounds, on disk (Flower starts a new ClientApp process per message).
 
 Kept in ``<state_dir>/site_state.pt`` (atomic writes): the mapping head (Eq. 7), the model at the
-end of the last round (the next local expert, Eq. 10, and the "previous local model"), both
-optimizers' state, the round counter and the manifest hash the state was trained under.
+end of the last round (the next local expert, Eq. 10, and the "previous local model"), the
+client optimizer's state (momentum), the round counter and the manifest hash the state was trained under.
 Nothing here is ever sent to the coordinator.
 """
 
@@ -26,7 +26,6 @@ class SiteState:
     rounds_trained: int = 0
     model: dict[str, Any] | None = None  # full state_dict {embedding.*, head.*} at the end of last round
     optimizer: dict[str, Any] | None = None
-    expert_optimizer: dict[str, Any] | None = None
     history: list[dict[str, float]] = field(default_factory=list)
 
 

@@ -70,8 +70,9 @@ class PrivacyConfig:
 
 @dataclass
 class TargetConfig:
-    reader: str = "market1501"
+    reader: str = "market1501"  # any name of common.datasets.READERS
     root: str = ""
+    num_splits: int = 10  # random half splits of sets without a fixed split (GRID: official splits)
 
 
 @dataclass

@@ -95,3 +95,15 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def process_age_s() -> float:
+    """Seconds since this process started (Linux /proc; 0.0 where unavailable)."""
+    try:
+        with open("/proc/self/stat") as f:
+            start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/stat") as f:
+            boot = next(int(line.split()[1]) for line in f if line.startswith("btime"))
+        return max(0.0, time.time() - (boot + start_ticks / os.sysconf("SC_CLK_TCK")))
+    except (OSError, ValueError, StopIteration, IndexError):
+        return 0.0

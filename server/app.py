@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -13,11 +14,12 @@ from flwr.server import ServerApp, ServerAppComponents, ServerConfig
 
 from common.checkpoint import atomic_json_save, save_global_checkpoint
 from common.config import ExperimentConfig
+from common.evaluation.targets import load_target
 from common.logs import setup_logging
 from common.models.builder import expected_manifest, model_for
-from common.params import get_shared
+from common.params import Manifest, get_shared, set_shared
 from common.seeding import seed_everything
-from server.evaluate import ReIDEvaluator
+from server.evaluate import ReIDEvaluator, evaluate_arrays
 from server.report import MetricsLog
 from server.strategy import FedReIDStrategy, RoundRecord
 
@@ -27,10 +29,11 @@ log = logging.getLogger("fedserver")
 class RoundReporter:
     """End-of-round hook: evaluate, checkpoint, write metrics, print one progress line."""
 
-    def __init__(self, cfg: ExperimentConfig, evaluator: ReIDEvaluator | None, keys: list[str], manifest_hash: str):
+    def __init__(self, cfg: ExperimentConfig, score: Callable[[list[np.ndarray]], dict] | None, keys: list[str],
+                 manifest_hash: str):
         self.cfg = cfg
         self.run_dir = cfg.resolved_run_dir()
-        self.evaluator = evaluator
+        self.score = score
         self.keys = keys
         self.manifest_hash = manifest_hash
         self.metrics = MetricsLog(self.run_dir)
@@ -45,7 +48,7 @@ class RoundReporter:
                     "max_site_train_seconds": max(rec.site_train_seconds.values(), default=0.0),
                     "sites": rec.site_metrics}
         every = self.cfg.eval.every
-        if self.evaluator is not None and every > 0 and (rnd % every == 0 or rnd == self.cfg.rounds):
+        if self.score is not None and every > 0 and (rnd % every == 0 or rnd == self.cfg.rounds):
             row |= self._evaluate(arrays, site_models)
         self.metrics.add(row)
         save_global_checkpoint(self.run_dir / "global_latest.pt", keys=self.keys, arrays=arrays, server_round=rnd,
@@ -56,13 +59,14 @@ class RoundReporter:
               flush=True)
         if rnd == self.cfg.rounds:
             self._finish(arrays)
-        return {k: v for k, v in row.items() if isinstance(v, (int, float))}
+        # Flower logs what is returned here every round: keep it to the headline numbers
+        return {k: v for k, v in row.items() if k.startswith("mean/")}
 
     def _evaluate(self, arrays: list[np.ndarray], site_models: dict | None) -> dict:
         if not site_models:
-            return self.evaluator(arrays)
+            return self.score(arrays)
         # "each site alone": score every site's own embedding and report the mean over sites
-        per_site = {s: self.evaluator(a) for s, a in sorted(site_models.items())}
+        per_site = {s: self.score(a) for s, a in sorted(site_models.items())}
         keys = set.intersection(*(set(m) for m in per_site.values()))
         return {k: float(np.mean([m[k] for m in per_site.values()])) for k in keys}
 
@@ -74,6 +78,20 @@ class RoundReporter:
         atomic_json_save({"status": "completed", "rounds": self.cfg.rounds}, self.run_dir / "status.json")
 
 
+def build_scorer(cfg: ExperimentConfig, manifest: Manifest, run_dir: Path):
+    """arrays -> metrics on the unseen targets of ``eval.targets`` (None when there are none)."""
+    if not cfg.eval.targets:
+        return None
+    e = cfg.eval
+    targets = [load_target(name, t.reader, t.root, num_splits=t.num_splits, seed=cfg.seed, split_dir=run_dir / "splits")
+               for name, t in e.targets.items()]
+    evaluator = ReIDEvaluator(targets, height=cfg.model.height, width=cfg.model.width,
+                              device=torch.device(e.device), batch_size=e.batch_size, flip=e.flip,
+                              normalize=e.normalize, metric=e.metric, max_rank=e.max_rank)
+    model = model_for(cfg, 1)
+    return lambda arrays: evaluate_arrays(evaluator, model, lambda m, a: set_shared(m, manifest, a), arrays)
+
+
 def server_fn(context: Context) -> ServerAppComponents:
     setup_logging("fedserver")
     cfg = ExperimentConfig.from_json(str(context.run_config.get("experiment-json", "{}")))
@@ -83,9 +101,7 @@ def server_fn(context: Context) -> ServerAppComponents:
     manifest = expected_manifest(cfg)
     model = model_for(cfg, 1)
     initial = get_shared(model, manifest)
-    device = torch.device(cfg.eval.device)
-    evaluator = ReIDEvaluator(cfg, manifest, lambda: model_for(cfg, 1), device) if cfg.eval.targets else None
-    reporter = RoundReporter(cfg, evaluator, list(manifest.keys), manifest.hash)
+    reporter = RoundReporter(cfg, build_scorer(cfg, manifest, run_dir), list(manifest.keys), manifest.hash)
     log.info("FedReID run: %d rounds, %d sites, S=%s, beta=%s, mode=%s, shared %s", cfg.rounds, len(cfg.sites),
              cfg.strategy.fraction, cfg.privacy.beta, cfg.strategy.mode, manifest.describe())
     strategy = FedReIDStrategy(

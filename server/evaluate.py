@@ -1,60 +1,46 @@
-"""Central evaluation of the global embedding on unseen target domains (Rank-k and mAP)."""
+"""Central evaluation of the global embedding on unseen target domains (Rank-k and mAP).
+
+The same code serves the coordinator's per-round evaluation and ``fedeval``.
+"""
 
 from __future__ import annotations
 
 import logging
-import time
 
 import numpy as np
 import torch
+from torch import nn
 
-from common.config import ExperimentConfig
-from common.datasets import build_reader
-from common.datasets.base import ReIDSplits
 from common.evaluation.features import extract_features
-from common.evaluation.reid import evaluate_rank_features
-from common.params import Manifest, set_shared
+from common.evaluation.targets import TargetSet, mean_over_targets, score_target
 
 log = logging.getLogger("fedserver")
 
 
 class ReIDEvaluator:
-    """Loads each target's query/gallery lists once; ``__call__`` scores one set of shared arrays."""
+    """Scores an embedding network on loaded ``TargetSet``s (features once per image)."""
 
-    def __init__(self, cfg: ExperimentConfig, manifest: Manifest, model_builder, device: torch.device):
-        self.cfg = cfg
-        self.manifest = manifest
-        self.device = device
-        self.model = model_builder()  # a model whose shared tensors receive the arrays
-        self.targets: dict[str, ReIDSplits] = {}
-        for name, t in cfg.eval.targets.items():
-            self.targets[name] = build_reader(t.reader, t.root).splits
-            log.info("evaluation target %s", self.targets[name].summary())
+    def __init__(self, targets: list[TargetSet], *, height: int, width: int, device: torch.device,
+                 batch_size: int = 128, flip: bool = False, normalize: bool = True, metric: str = "cosine",
+                 max_rank: int = 10, progress: bool = False):
+        self.targets = targets
+        self.kw = dict(height=height, width=width, device=device, batch_size=batch_size, flip=flip,
+                       normalize=normalize)
+        self.metric = metric
+        self.max_rank = max_rank
+        self.progress = progress
+        for t in targets:
+            log.info("evaluation target %s", t.summary())
 
-    def __call__(self, arrays: list[np.ndarray]) -> dict[str, float]:
-        set_shared(self.model, self.manifest, arrays)
-        e, m = self.cfg.eval, self.cfg.model
+    def __call__(self, embedding: nn.Module) -> dict[str, float]:
         out: dict[str, float] = {}
-        for name, data in self.targets.items():
-            t0 = time.perf_counter()
-            kw = dict(height=m.height, width=m.width, device=self.device, batch_size=e.batch_size,
-                      flip=e.flip, normalize=e.normalize)
-            qf = extract_features(self.model.embedding, data.query, **kw)
-            gf = extract_features(self.model.embedding, data.gallery, **kw)
-            cmc, mAP = evaluate_rank_features(
-                qf, gf,
-                np.array([r.pid for r in data.query]), np.array([r.pid for r in data.gallery]),
-                np.array([r.camid for r in data.query]), np.array([r.camid for r in data.gallery]),
-                metric=e.metric, max_rank=e.max_rank,
-            )
-            for k in (1, 5, 10):
-                if k <= len(cmc):
-                    out[f"{name}/R{k}"] = float(cmc[k - 1])
-            out[f"{name}/mAP"] = float(mAP)
-            log.debug("evaluated %s in %.1fs", name, time.perf_counter() - t0)
-        if self.targets:
-            for key in ("R1", "R5", "mAP"):
-                vals = [v for k, v in out.items() if k.endswith("/" + key)]
-                if vals:
-                    out[f"mean/{key}"] = float(np.mean(vals))
-        return out
+        for t in self.targets:
+            feats = extract_features(embedding, t.records, progress=t.name if self.progress else None, **self.kw)
+            out |= score_target(t, feats, metric=self.metric, max_rank=self.max_rank)
+        return out | mean_over_targets(out, [t.name for t in self.targets])
+
+
+def evaluate_arrays(evaluator: ReIDEvaluator, model: nn.Module, set_arrays, arrays: list[np.ndarray]) -> dict:
+    """Load shared ``arrays`` into ``model`` (via ``set_arrays``) and score its embedding."""
+    set_arrays(model, arrays)
+    return evaluator(model.embedding)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -91,7 +92,7 @@ def main(argv: list[str] | None = None) -> None:
                                          cwd=REPO_ROOT))
         try:
             code = server.wait(timeout=a.timeout)
-        except Exception:
+        except subprocess.TimeoutExpired:
             print(f"fedsim: the run did not finish within {a.timeout:.0f}s", file=sys.stderr)
             code = 1
     except KeyboardInterrupt:

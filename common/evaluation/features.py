@@ -12,6 +12,7 @@ from torch.utils.data import DataLoader
 from common.datasets.base import Record
 from common.datasets.image_dataset import ImageDataset
 from common.datasets.transforms import hflip, test_transform
+from common.progress import ProgressBar
 
 
 @torch.no_grad()
@@ -26,14 +27,19 @@ def extract_features(
     flip: bool = False,
     normalize: bool = True,
     num_workers: int = 0,
+    progress: str | None = None,
 ) -> np.ndarray:
-    """(len(records), dim) float32 features in record order; the model is put in eval mode."""
+    """(len(records), dim) float32 features in record order; the model is put in eval mode.
+
+    ``progress``: a label; when given, a progress bar is drawn on stderr.
+    """
     embedding.eval().to(device)
     loader = DataLoader(
         ImageDataset(records, test_transform(height, width)), batch_size=batch_size, shuffle=False,
         num_workers=num_workers,
     )
     chunks = []
+    bar = ProgressBar(progress, len(loader)) if progress else None
     for x, _, _ in loader:
         x = x.to(device)
         f = embedding(x)
@@ -42,6 +48,10 @@ def extract_features(
         if normalize:
             f = torch.nn.functional.normalize(f, dim=1)
         chunks.append(f.float().cpu().numpy())
+        if bar is not None:
+            bar.step()
+    if bar is not None:
+        bar.close()
     if not chunks:
         return np.zeros((0, getattr(embedding, "dim", 0)), np.float32)
     return np.concatenate(chunks)

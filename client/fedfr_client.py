@@ -1,0 +1,147 @@
+"""The FedFR site (seed 001): a Flower ``NumPyClient`` of the same family as ``FedReIDClient``.
+
+One round (``fit``): check the manifest and the public identities, rebuild the site model from its
+state on disk (W_l, Pi, Omega, b and last round's Theta_l), take Theta_g^t and Phi_g^t from the
+server, select this round's public hard negatives with the global model, train E local epochs of
+``a1 L_cos + a2 L_con + a3 L_BCE``, save the state atomically, and return ONLY Theta_l and Phi
+(the manifest: ``backbone.*`` and ``public_proxies``) with the site's own image count as weight
+(Eq. 2/4: public hard negatives are not counted).
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from flwr.client import NumPyClient
+from torch.utils.data import DataLoader
+
+from client.fedfr_state import FedFRSiteState, load_fedfr_state, save_fedfr_state
+from client.fedfr_train import imprint, round_hard_negatives, train_local
+from client.numpy_client import SiteSettings, resolve_device
+from common.config import ExperimentConfig
+from common.datasets.face_folder import FaceFolder, FaceSite
+from common.datasets.face_images import FaceImages, face_transform
+from common.evaluation.face_features import embed
+from common.models.fedfr import FedFRModel, expected_fedfr_manifest, fedfr_model
+from common.params import get_shared, set_shared
+from common.seeding import seed_everything, stable_seed
+
+log = logging.getLogger("fedclient")
+
+
+class FedFRClient(NumPyClient):
+    def __init__(self, cfg: ExperimentConfig, settings: SiteSettings, public_root: str = ""):
+        self.cfg = cfg
+        self.f = cfg.fedfr
+        self.s = settings
+        if settings.site not in cfg.sites:
+            raise ValueError(f"site {settings.site!r} is not part of this run (configured sites: {cfg.sites})")
+        if settings.reader != "face_site":
+            raise ValueError(f"site {settings.site}: FedFR reads a face_site folder (train/ and test/ identity "
+                             f"folders), but the site's reader is {settings.reader!r}; set reader: face_site")
+        self.device = resolve_device(settings.device)
+        self.data = FaceSite(settings.data_root)
+        root = public_root or self.f.public_root
+        if not root:
+            raise ValueError(f"site {settings.site}: no public data; set fedfr.public_root (the same path on every "
+                             "site) or the site's public_root (fedclient --public-root)")
+        self.public = FaceFolder(root)
+        self.manifest = expected_fedfr_manifest(self.f, self.public.num_identities)
+        self.state_dir = Path(settings.state_dir or f"~/.fedreid/state/{settings.site}").expanduser()
+
+    def get_parameters(self, config):
+        torch.manual_seed(self.cfg.seed)
+        return get_shared(self._model(), self.manifest)
+
+    def _model(self) -> FedFRModel:
+        return fedfr_model(self.f, self.public.num_identities, self.data.num_identities)
+
+    def fit(self, parameters, config):
+        t0 = time.perf_counter()
+        rnd = int(config.get("server_round", 1))
+        self._check(config)
+        if self.cfg.train.threads > 0:
+            torch.set_num_threads(self.cfg.train.threads)
+        seed_everything(stable_seed(self.cfg.seed, self.s.site, rnd))
+        st = load_fedfr_state(self.state_dir, site=self.s.site, manifest_hash=self.manifest.hash,
+                              public_hash=self.public.identity_hash(), num_local=self.data.num_identities)
+        model = self._model()
+        prev_backbone = None
+        if st is not None and st.model is not None:
+            model.load_state_dict(st.model)  # W_l, Pi, Omega, b (and last round's Theta_l)
+            prev_backbone = copy.deepcopy(model.backbone)  # Theta_l^{t-1}
+        set_shared(model, self.manifest, parameters)  # Theta_g^t and Phi_g^t (Eq. 2, 4)
+        global_backbone = copy.deepcopy(model.backbone)
+        if prev_backbone is None:
+            prev_backbone = global_backbone  # a first round: the global model, not an untrained one
+
+        emb = {"image_size": self.f.image_size, "batch_size": self.cfg.eval.batch_size, "device": self.device}
+        first = st is None or st.model is None
+        local_feats = None
+        if self.f.hard_negatives or (first and self.f.init_local == "imprint"):
+            local_feats = embed(global_backbone, self.data.train, **emb)  # with Theta_g^t
+        if first and self.f.init_local == "imprint":
+            w = imprint(local_feats, np.array([r.pid for r in self.data.train]), self.data.num_identities)
+            with torch.no_grad():
+                model.local_proxies.copy_(w)
+                model.dfc.omega.copy_(w)
+        hn = np.empty(0, np.int64)
+        if self.f.hard_negatives:
+            hn = round_hard_negatives(global_backbone, self.public.records, local_feats, threshold=self.f.t_hn,
+                                      chunk_size=self.f.hn_chunk, **emb)
+
+        opt = torch.optim.SGD(model.parameters(), lr=self.f.lr, momentum=self.f.momentum,
+                              weight_decay=self.f.weight_decay)
+        if st is not None and st.optimizer is not None:
+            opt.load_state_dict(st.optimizer)
+        stats = train_local(
+            model, global_backbone, prev_backbone, self._loader(hn, rnd), opt, epochs=self.f.local_epochs,
+            device=self.device, s=self.f.s, m=self.f.m, tau=self.f.tau, bce_lambda=self.f.bce_lambda,
+            bce_r=self.f.bce_r, bce_m=self.f.bce_m, bce_t=self.f.bce_t, alpha=self.f.alpha,
+            use_public=self.f.hard_negatives, contrastive=self.f.contrastive, dfc=self.f.dfc,
+            max_steps_per_epoch=self.f.max_steps_per_epoch,
+        )
+        model.cpu()
+        stats["hard_negatives"] = float(hn.size)
+        save_fedfr_state(self.state_dir, FedFRSiteState(
+            site=self.s.site, manifest_hash=self.manifest.hash, public_hash=self.public.identity_hash(),
+            num_local=self.data.num_identities, last_round=rnd, rounds_trained=(st.rounds_trained if st else 0) + 1,
+            model=copy.deepcopy(model.state_dict()), optimizer=opt.state_dict(), hard_negatives=hn,
+            history=(st.history if st else []) + [{"round": rnd, **stats}],
+        ))
+        seconds = time.perf_counter() - t0
+        log.info("site %s round %d: %d own images + %d public hard negatives; %s (%.1fs)", self.s.site, rnd,
+                 len(self.data.train), hn.size, ", ".join(f"{k}={v:.4f}" for k, v in stats.items()), seconds)
+        own = len(self.data.train)  # N_i of Eq. (2)/(4): the site's own images only
+        metrics = {"site": self.s.site, "own_images": own, "train_seconds": seconds,
+                   **{k: float(v) for k, v in stats.items() if np.isfinite(v)}}
+        return get_shared(model, self.manifest), own, metrics
+
+    def _check(self, config) -> None:
+        their = str(config.get("manifest_hash", ""))
+        if their != self.manifest.hash:
+            raise ValueError(
+                f"site {self.s.site}: the coordinator's model manifest {their!r} differs from this site's "
+                f"{self.manifest.hash!r} ({self.f.backbone}, d={self.f.embedding_dim}, {self.f.image_size}px, "
+                f"K_g={self.public.num_identities} public identities); both sides must run the same config"
+            )
+        public_hash = str(config.get("public_hash", ""))
+        if public_hash and public_hash != self.public.identity_hash():
+            raise ValueError(
+                f"site {self.s.site}: the public identities under {self.public.root} differ from those the "
+                "generic model was pre-trained on (Phi_g rows would name other people); use the same public data"
+            )
+
+    def _loader(self, hard_negatives: np.ndarray, rnd: int) -> DataLoader:
+        """Local images (labels 0..K_l-1) and this round's public hard negatives (public labels)."""
+        records = list(self.data.train) + [self.public.records[i] for i in hard_negatives]
+        is_public = [False] * len(self.data.train) + [True] * len(hard_negatives)
+        ds = FaceImages(records, face_transform(self.f.image_size, train=True, flip=self.f.flip), is_public)
+        g = torch.Generator().manual_seed(stable_seed(self.cfg.seed, self.s.site, rnd, "loader"))
+        return DataLoader(ds, batch_size=self.f.batch_size, shuffle=True, generator=g,
+                          drop_last=len(ds) > self.f.batch_size, num_workers=self.cfg.train.num_workers)

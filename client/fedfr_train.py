@@ -1,0 +1,106 @@
+"""One FedFR round on a site (seed 001): hard negatives, imprinting, and the local objective.
+
+    L = a1 * L_cos + a2 * L_con + a3 * L_BCE                                      (a = 1, 5, 10)
+
+- L_cos: balanced CosFace over [Phi_g ; W_l] on the local images plus this round's public hard
+  negatives (a public image's target is its public identity, a local image's its local one);
+- L_con: MOON, positive f_glob = Theta_g^t(x), negative f_prev = Theta_l^{t-1}(x) (the caller
+  passes the global model as "previous" on a site's first round: never an untrained one);
+- L_BCE: margin BCE on the DFC branch Pi/Omega; public images are negatives for every branch.
+All of Theta_l, Phi, W_l, Pi, Omega and b are trained end to end.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader
+
+from common.datasets.base import Record
+from common.evaluation.face_features import embed_chunks
+from common.hard_negatives import select_hard_negatives
+from common.losses.contrastive import moon_contrastive_loss
+from common.losses.cosface import CosFaceLoss, balanced_cosface_loss
+from common.losses.margin_bce import margin_bce_loss
+from common.models.fedfr import FedFRModel
+
+
+def round_hard_negatives(global_backbone: nn.Module, public: Sequence[Record], local_features: np.ndarray, *,
+                         threshold: float, chunk_size: int, image_size: int, batch_size: int,
+                         device: torch.device) -> np.ndarray:
+    """This round's D_HN: indices of the public images whose feature under the CURRENT global
+    model has cosine > t_HN to any local image (features streamed; only chunk x N_local scores)."""
+    feats = embed_chunks(global_backbone, public, image_size=image_size, batch_size=batch_size, device=device)
+    return select_hard_negatives(feats, local_features, threshold, chunk_size, device)
+
+
+def imprint(features: np.ndarray, labels: np.ndarray, num_classes: int) -> torch.Tensor:
+    """(K, d): the normalised mean of each class's L2-normalised features (weight imprinting)."""
+    f = torch.as_tensor(features, dtype=torch.float32)
+    f = F.normalize(f, dim=1)
+    sums = torch.zeros(num_classes, f.shape[1]).index_add_(0, torch.as_tensor(labels, dtype=torch.long), f)
+    return F.normalize(sums, dim=1)
+
+
+def train_local(
+    model: FedFRModel, global_backbone: nn.Module, prev_backbone: nn.Module, loader: DataLoader,
+    optimizer: torch.optim.Optimizer, *, epochs: int, device: torch.device, s: float, m: float, tau: float,
+    bce_lambda: float, bce_r: float, bce_m: float, bce_t: float, alpha: Sequence[float],
+    use_public: bool = True, contrastive: bool = True, dfc: bool = True, max_steps_per_epoch: int = 0,
+) -> dict[str, float]:
+    """E local epochs of the FedFR objective (module docstring). Returns mean losses per step.
+
+    ``con_first`` is L_con on the first batch: log 2 exactly when f_prev = f_glob (first round).
+    """
+    a1, a2, a3 = alpha
+    model.train().to(device)
+    global_backbone.eval().to(device)
+    prev_backbone.eval().to(device)
+    for p in itertools.chain(global_backbone.parameters(), prev_backbone.parameters()):
+        p.requires_grad_(False)
+    plain_cosface = CosFaceLoss(s, m)
+    sums = {"loss": 0.0, "cos": 0.0, "con": 0.0, "bce": 0.0, "acc": 0.0}
+    steps, con_first = 0, float("nan")
+    for _ in range(epochs):
+        batches = itertools.islice(loader, max_steps_per_epoch or None)
+        for x, y, pub in batches:
+            x, y, pub = x.to(device), y.to(device), pub.to(device)
+            f = model.backbone(x)  # (B, d)
+            if use_public:  # balanced CosFace over [Phi_g ; W_l] (K_g + K_l classes)
+                l_cos = balanced_cosface_loss(f, y, model.public_proxies, model.local_proxies, s, m, is_public=pub)
+            else:  # FedAvg baseline: the K_l local classes only
+                l_cos = plain_cosface(f, y, model.local_proxies)
+            loss = a1 * l_cos
+            if contrastive and a2 > 0:
+                with torch.no_grad():
+                    f_glob, f_prev = global_backbone(x), prev_backbone(x)
+                l_con = moon_contrastive_loss(f, f_glob, f_prev, tau)
+                loss = loss + a2 * l_con
+                sums["con"] += l_con.item()
+                if steps == 0:
+                    con_first = l_con.item()
+            if dfc and a3 > 0:
+                cos = model.dfc(f)  # (B, K_l)
+                l_bce = margin_bce_loss(cos, torch.where(pub, -1, y), model.dfc.bias, lam=bce_lambda, r=bce_r,
+                                        m=bce_m, t=bce_t)
+                loss = loss + a3 * l_bce
+                sums["bce"] += l_bce.item()
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            with torch.no_grad():
+                local = ~pub
+                if local.any():
+                    pred = (F.normalize(f[local], dim=1) @ F.normalize(model.local_proxies, dim=1).T).argmax(1)
+                    sums["acc"] += (pred == y[local]).float().mean().item()
+            sums["loss"] += loss.item()
+            sums["cos"] += l_cos.item()
+            steps += 1
+    if steps == 0:
+        raise RuntimeError("local training ran no step: the site has no training image")
+    return {k: v / steps for k, v in sums.items()} | {"steps": float(steps), "con_first": con_first}

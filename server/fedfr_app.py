@@ -1,0 +1,57 @@
+"""The ServerApp's FedFR branch (``task: fedfr``): the strategy and round reporting of a FedFR run.
+
+Starts from the pre-trained generic model [Theta_g^0, Phi_g] (``fedserver ... fedfr.stage=pretrain``),
+aggregates with :class:`FedFRStrategy` (Eq. 2/4) and reports every round with the same
+``RoundReporter`` as FedReID (metrics.json/csv, global_latest.pt / global_final.pt, status.json),
+evaluating the generic model on ``fedfr.ijbc_root`` when set.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from flwr.server import ServerAppComponents, ServerConfig
+
+from common.checkpoint import atomic_json_save
+from common.config import ExperimentConfig
+from common.models.fedfr import expected_fedfr_manifest
+from common.params import get_shared
+from common.seeding import seed_everything
+from server.app import RoundReporter
+from server.fedfr_eval import GenericEvaluator
+from server.fedfr_pretrain import load_pretrained, pretrained_path
+from server.fedfr_strategy import FedFRStrategy
+
+log = logging.getLogger("fedserver")
+
+
+def build_fedfr_components(cfg: ExperimentConfig) -> ServerAppComponents:
+    run_dir = cfg.resolved_run_dir()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    seed_everything(cfg.seed)
+    model, ckpt = load_pretrained(pretrained_path(cfg), cfg.fedfr)
+    manifest = expected_fedfr_manifest(cfg.fedfr, model.num_public)
+    initial = get_shared(model, manifest)  # Theta_g^0 and Phi_g
+    evaluator = None
+    if cfg.fedfr.ijbc_root and cfg.eval.every > 0:
+        evaluator = GenericEvaluator(cfg, model.num_public, torch.device(cfg.eval.device))
+    reporter = RoundReporter(cfg, evaluator, list(manifest.keys), manifest.hash)
+    log.info("FedFR run: %d rounds, %d sites, K_g=%d public identities, shared %s", cfg.rounds, len(cfg.sites),
+             model.num_public, manifest.describe())
+    strategy = FedFRStrategy(
+        manifest=manifest,
+        initial_arrays=initial,
+        fraction=cfg.strategy.fraction,
+        min_fit_sites=cfg.strategy.min_fit_sites,
+        min_available_sites=cfg.strategy.min_available_sites,
+        beta=cfg.privacy.beta,
+        client_noise=cfg.privacy.client_noise,
+        seed=cfg.seed,
+        wait_for_sites_s=cfg.wait_for_sites_s,
+        fit_config={"public_hash": ckpt["public_hash"]},  # sites check they mine the same public identities
+        on_round_end=reporter,
+    )
+    atomic_json_save({"status": "running", "rounds": cfg.rounds}, run_dir / "status.json")
+    return ServerAppComponents(strategy=strategy,
+                               config=ServerConfig(num_rounds=cfg.rounds, round_timeout=cfg.round_timeout_s))

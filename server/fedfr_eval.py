@@ -1,0 +1,235 @@
+"""FedFR evaluation: the generic model on IJB-C (1:1, 1:N) and the personalised models per site.
+
+``fedfr_eval_main(cfg)`` (what ``fedeval task=fedfr ...`` calls) scores, from ``cfg.run_dir``:
+
+    pretrained Theta_g^0        fedfr.pretrained (default <run_dir>/pretrained.pt)
+    FedFR Theta_g               <run_dir>/global_final.pt (else global_latest.pt)
+    local Theta_l               each site's saved backbone (diagnostic: no DFC)
+    personalised [Theta_l, Pi_l]  each site's saved state: f' = Pi(Theta_l(x))
+
+on the generic protocol (``fedfr.ijbc_root``; the generic models only) and the personalised one
+(``cfg.sites``, data and state folders from ``fedfr.eval_sites`` or ``conf/site/<site>.yaml``),
+prints both tables and writes ``fedfr_eval.{json,md}`` and ``fedfr_eval_{generic,personalised}.csv``
+into the run folder. Protocols: ``common.evaluation.fedfr_protocols``.
+
+    python -m server.fedfr_eval experiment=fedfr-demo run_dir=runs/fedfr-demo ...
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import logging
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from client.fedfr_state import load_fedfr_state
+from common.checkpoint import atomic_json_save, atomic_write_bytes, torch_load
+from common.config import ExperimentConfig
+from common.datasets.base import Record
+from common.datasets.face_folder import FaceSite
+from common.evaluation.face_features import embed
+from common.evaluation.fedfr_protocols import (
+    IJBCMeta,
+    SiteFeatures,
+    ijbc_identification,
+    ijbc_verification,
+    mean_over_sites,
+    personalised_site_metrics,
+    read_ijbc_meta,
+    template_features,
+)
+from common.fedfr_config import FedFRConfig
+from common.models.fedfr import FedFRModel, expected_fedfr_manifest, fedfr_model
+from common.params import set_shared
+from server.fedfr_pretrain import load_pretrained, pretrained_path
+
+log = logging.getLogger("fedserver")
+
+
+class GenericEvaluator:
+    """IJB-C 1:1 and 1:N of one set of shared arrays [Theta_g, Phi_g] (the per-round hook)."""
+
+    def __init__(self, cfg: ExperimentConfig, num_public: int, device: torch.device):
+        self.cfg, self.f, self.device = cfg, cfg.fedfr, device
+        self.meta = read_ijbc_meta(self.f.ijbc_root)
+        self.model = fedfr_model(self.f, num_public, 0)
+        self.manifest = expected_fedfr_manifest(self.f, num_public)
+
+    def __call__(self, arrays: list[np.ndarray]) -> dict[str, float]:
+        set_shared(self.model, self.manifest, arrays)
+        m = generic_metrics(self.model.backbone, self.meta, self.cfg, self.device)
+        return {f"ijbc/{k.removeprefix('mean/')}": v for k, v in m.items() if "/" not in k or k.startswith("mean/")}
+
+
+def generic_metrics(backbone: nn.Module, meta: IJBCMeta, cfg: ExperimentConfig, device: torch.device
+                    ) -> dict[str, float]:
+    """TAR@FAR (1:1) and, per gallery and mean, TPIR@FPIR and rank-k (1:N) of ``backbone``."""
+    f = cfg.fedfr
+    records = [Record(p, 0, 0) for p in meta.images]
+    # insightface: raw image features (their norm acts as a quality weight), template-normalised
+    feats = embed(backbone, records, image_size=f.image_size, batch_size=cfg.eval.batch_size, device=device,
+                  normalize=False, flip=cfg.eval.flip)
+    ids, tfeats = template_features(feats, meta.templates, meta.medias)
+    out = {f"TAR@FAR={a:g}": v for a, v in ijbc_verification(ids, tfeats, meta.pairs, f.far_targets).items()}
+    return out | ijbc_identification(ids, tfeats, meta, f.fpir_targets, f.ranks)
+
+
+@dataclass
+class EvalSite:
+    name: str
+    data: FaceSite
+    state_dir: str
+
+
+def eval_sites(cfg: ExperimentConfig) -> list[EvalSite]:
+    from common.compose import load_site
+
+    out = []
+    for s in cfg.sites:
+        d = cfg.fedfr.eval_sites.get(s) or load_site(s)
+        out.append(EvalSite(s, FaceSite(d["data_root"]), str(d.get("state_dir") or f"~/.fedreid/state/{s}")))
+    return out
+
+
+def personalised_metrics(models: Sequence[nn.Module] | nn.Module, sites: list[EvalSite], cfg: ExperimentConfig,
+                         device: torch.device) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
+    """Mean over sites and per-site metrics; ``models``: one per site, or one for all."""
+    f = cfg.fedfr
+    kw = {"image_size": f.image_size, "batch_size": cfg.eval.batch_size, "device": device}
+    shared = isinstance(models, nn.Module)
+    cache: dict[int, list[np.ndarray]] = {}
+
+    def probes(model: nn.Module) -> list[np.ndarray]:
+        if id(model) not in cache:
+            cache[id(model)] = [embed(model, s.data.test, **kw) for s in sites]
+        return cache[id(model)]
+
+    per_site = {}
+    for i, s in enumerate(sites):
+        model = models if shared else models[i]
+        sf = SiteFeatures(embed(model, s.data.train, **kw), np.array([r.pid for r in s.data.train]), probes(model),
+                          [np.array([r.pid for r in t.data.test]) for t in sites])
+        if not shared:
+            cache.clear()  # a site's own model embeds every site's probes once
+        per_site[s.name] = personalised_site_metrics(i, sf, f.far_targets, f.fpir_targets, f.ranks,
+                                                     f.max_genuine_pairs_per_site)
+    return mean_over_sites(per_site), per_site
+
+
+def site_models(sites: list[EvalSite], f: FedFRConfig, num_public: int) -> tuple[list, list] | None:
+    """Each site's [Theta_l] and [Theta_l, Pi_l] from its saved state (None if a site has none)."""
+    local, personal = [], []
+    for s in sites:
+        st = load_fedfr_state(s.state_dir, site=s.name)
+        if st is None or st.model is None:
+            print(f"fedeval: site {s.name} has no FedFR state in {s.state_dir}: no personalised rows", flush=True)
+            return None
+        m = fedfr_model(f, num_public, s.data.num_identities)
+        m.load_state_dict(st.model)
+        local.append(m.backbone)
+        personal.append(nn.Sequential(m.backbone, m.dfc.transform))  # f' = Pi(Theta_l(x))
+    return local, personal
+
+
+def load_global(path: Path, f: FedFRConfig, num_public: int) -> FedFRModel:
+    ckpt = torch_load(path)
+    model = fedfr_model(f, num_public, 0)
+    state = dict(ckpt["state_dict_shared"])
+    model.load_state_dict(state, strict=False)
+    missing = set(expected_fedfr_manifest(f, num_public).keys) - set(state)
+    if missing:
+        raise ValueError(f"{path} lacks {sorted(missing)[:3]}...: not a FedFR global model of this config")
+    return model
+
+
+def fedfr_eval_main(cfg: ExperimentConfig) -> int:
+    """Score the generic and personalised FedFR models of ``cfg.run_dir``; 0 on success, 1 if nothing to score."""
+    f, run_dir = cfg.fedfr, cfg.resolved_run_dir()
+    device = torch.device(cfg.eval.device)
+    if cfg.train.threads > 0:
+        torch.set_num_threads(cfg.train.threads)
+    generic: dict[str, nn.Module] = {}
+    num_public = 0
+    if pretrained_path(cfg).is_file():
+        m0, _ = load_pretrained(pretrained_path(cfg), f)
+        num_public = m0.num_public
+        generic["pretrained Theta_g^0"] = m0.backbone
+    final = next((p for p in (run_dir / "global_final.pt", run_dir / "global_latest.pt") if p.is_file()), None)
+    if final is not None and num_public:
+        generic["FedFR Theta_g"] = load_global(final, f, num_public).backbone
+    if not generic:
+        print(f"fedeval: no FedFR model in {run_dir} (pretrained.pt / global_final.pt)", file=sys.stderr)
+        return 1
+    results: dict = {"run_dir": str(run_dir), "generic": {}, "personalised": {}, "personalised_per_site": {}}
+    if f.ijbc_root:
+        meta = read_ijbc_meta(f.ijbc_root)
+        for name, bb in generic.items():
+            results["generic"][name] = generic_metrics(bb, meta, cfg, device)
+    sites = eval_sites(cfg)
+    rows: dict[str, nn.Module | list] = dict(generic)
+    pm = site_models(sites, f, num_public)
+    if pm is not None:
+        rows["local Theta_l"], rows["personalised [Theta_l, Pi_l]"] = pm
+    for name, models in rows.items():
+        mean, per_site = personalised_metrics(models, sites, cfg, device)
+        results["personalised"][name] = mean
+        results["personalised_per_site"][name] = per_site
+    write_reports(results, run_dir, f)
+    return 0
+
+
+def _table(rows: dict[str, dict[str, float]], cols: list[str]) -> tuple[str, str]:
+    """(markdown, csv) of percentages."""
+    md = ["| model | " + " | ".join(cols) + " |", "|---|" + "---:|" * len(cols)]
+    buf = io.StringIO()
+    w = csv.writer(buf)
+    w.writerow(["model", *cols])
+    for name, m in rows.items():
+        md.append(f"| {name} | " + " | ".join(f"{100 * m[c]:.2f}" if c in m else "-" for c in cols) + " |")
+        w.writerow([name, *[f"{100 * m[c]:.4f}" if c in m else "" for c in cols]])
+    return "\n".join(md), buf.getvalue()
+
+
+def write_reports(results: dict, run_dir: Path, f: FedFRConfig) -> None:
+    tar = [f"TAR@FAR={a:g}" for a in f.far_targets]
+    tpir = [f"TPIR@FPIR={a:g}" for a in f.fpir_targets]
+    rank = [f"rank-{k}" for k in f.ranks]
+    text = [f"# FedFR evaluation ({run_dir})", ""]
+    if results["generic"]:
+        rows = {n: {k.removeprefix("mean/"): v for k, v in m.items() if "/" not in k or k.startswith("mean/")}
+                for n, m in results["generic"].items()}
+        md, c = _table(rows, tar + tpir + rank)
+        atomic_write_bytes(run_dir / "fedfr_eval_generic.csv", c.encode())
+        text += ["## Generic model, IJB-C-style 1:1 (TAR@FAR) and 1:N (mean of G1, G2), %", "", md, ""]
+    md, c = _table(results["personalised"], tar + tpir + rank)
+    atomic_write_bytes(run_dir / "fedfr_eval_personalised.csv", c.encode())
+    n_sites = len(next(iter(results["personalised_per_site"].values()), {}))
+    text += [f"## Personalised protocol, mean over {n_sites} sites, %", "", md, ""]
+    report = "\n".join(text)
+    atomic_write_bytes(run_dir / "fedfr_eval.md", report.encode())
+    atomic_json_save(results, run_dir / "fedfr_eval.json")
+    print(report, flush=True)
+    print(f"fedeval: wrote fedfr_eval.json, fedfr_eval.md and the CSV tables to {run_dir}", flush=True)
+
+
+def main(argv: list[str] | None = None) -> None:
+    from common.compose import compose_experiment
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    try:
+        cfg = compose_experiment(["experiment=fedfr", *args] if not any(a.startswith("experiment=") for a in args)
+                                 else args)
+    except Exception as e:  # noqa: BLE001 - hydra and validation errors: one clear line
+        raise SystemExit(f"fedeval: bad configuration: {e}") from None
+    sys.exit(fedfr_eval_main(cfg))
+
+
+if __name__ == "__main__":
+    main()
