@@ -27,7 +27,12 @@ def site_settings(node_config: dict) -> SiteSettings:
 def client_fn(context: Context):
     setup_logging("fedclient")
     cfg = ExperimentConfig.from_json(str(context.run_config.get("experiment-json", "{}")))
-    return FedReIDClient(cfg, site_settings(dict(context.node_config))).to_client()
+    node = dict(context.node_config)
+    if cfg.task == "fedfr":  # FedFR (seed 001): FedFRClient, the same NumPyClient family
+        from client.fedfr_client import FedFRClient
+
+        return FedFRClient(cfg, site_settings(node), public_root=str(node.get("public-root", ""))).to_client()
+    return FedReIDClient(cfg, site_settings(node)).to_client()
 
 
 app = ClientApp(client_fn=client_fn)

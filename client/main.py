@@ -17,6 +17,7 @@ from common import processes
 from common.compose import load_site, site_names
 from common.datasets import READERS, build_reader
 from common.datasets.base import DatasetLayoutError
+from common.datasets.face_folder import FACE_READERS, build_face_reader
 
 DESCRIPTION = """Run one FedReID site (a Flower SuperNode) and connect it to the coordinator.
 
@@ -43,23 +44,27 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max-retries", type=int, default=20, help="reconnect attempts before giving up (default %(default)s)")
     p.add_argument("--max-wait-time", type=float, default=300.0,
                    help="seconds to keep trying to reach the SuperLink before giving up (default %(default)s)")
+    p.add_argument("--public-root", help="FedFR: this site's copy of the public face data (default: the site "
+                                         "config's public_root, else the run's fedfr.public_root)")
     p.add_argument("--flwr-home", help="Flower home folder of this SuperNode (default: <state-dir>/flwr_home)")
     return p
 
 
-def node_config(site: str, data_root: str, reader: str, state_dir: str, device: str) -> str:
+def node_config(site: str, data_root: str, reader: str, state_dir: str, device: str, public_root: str = "") -> str:
     def q(v: str) -> str:
         if '"' in v:
             raise ValueError(f"value {v!r} must not contain double quotes")
         return f'"{v}"'
 
+    extra = (("public-root", public_root),) if public_root else ()
     return " ".join(f"{k}={q(v)}" for k, v in (("site", site), ("data-root", data_root), ("reader", reader),
-                                                  ("state-dir", state_dir), ("device", device)))
+                                                  ("state-dir", state_dir), ("device", device), *extra))
 
 
 def supernode_cmd(a: argparse.Namespace, data_root: str, reader: str, state_dir: str) -> list[str]:
     cmd = [processes.executable("flower-supernode"), "--superlink", a.superlink,
-           "--node-config", node_config(a.site, data_root, reader, state_dir, a.device),
+           "--node-config", node_config(a.site, data_root, reader, state_dir, a.device,
+                                        getattr(a, "public_root", None) or ""),
            "--port", str(a.port), "--max-retries", str(a.max_retries), "--max-wait-time", str(a.max_wait_time)]
     if a.insecure:
         cmd.append("--insecure")
@@ -90,11 +95,16 @@ def main(argv: list[str] | None = None) -> None:
     data_root = str(Path(a.data_root or site["data_root"]).expanduser().resolve())
     reader = a.reader or site["reader"]
     state_dir = str(Path(a.state_dir or site.get("state_dir") or f"~/.fedreid/state/{a.site}").expanduser().resolve())
+    public_root = a.public_root or site.get("public_root")
+    a.public_root = str(Path(public_root).expanduser().resolve()) if public_root else ""
     try:  # fail here, with the layout, rather than inside the first round
-        data = build_reader(reader, data_root)
+        if reader in FACE_READERS:  # a FedFR face site (identity folders)
+            summary = build_face_reader(reader, data_root).summary()
+        else:
+            summary = build_reader(reader, data_root).splits.summary()
     except (DatasetLayoutError, ValueError) as e:
         raise SystemExit(f"fedclient: site {a.site}: {e}") from None
-    print(f"fedclient: site {a.site}: {data.splits.summary()}", flush=True)
+    print(f"fedclient: site {a.site}: {summary}", flush=True)
     if a.insecure:
         print("fedclient: WARNING: --insecure: traffic to the coordinator is NOT encrypted", file=sys.stderr)
     Path(state_dir).mkdir(parents=True, exist_ok=True)

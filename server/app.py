@@ -95,6 +95,10 @@ def build_scorer(cfg: ExperimentConfig, manifest: Manifest, run_dir: Path):
 def server_fn(context: Context) -> ServerAppComponents:
     setup_logging("fedserver")
     cfg = ExperimentConfig.from_json(str(context.run_config.get("experiment-json", "{}")))
+    if cfg.task == "fedfr":  # FedFR (seed 001): FedFRStrategy, a FedReIDStrategy subclass
+        from server.fedfr_app import build_fedfr_components
+
+        return build_fedfr_components(cfg)
     run_dir = cfg.resolved_run_dir()
     run_dir.mkdir(parents=True, exist_ok=True)
     seed_everything(cfg.seed)

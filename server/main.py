@@ -91,6 +91,10 @@ def run_config_file(run_dir: Path, cfg: ExperimentConfig) -> Path:
 
 
 def run(cfg: ExperimentConfig) -> int:
+    if cfg.task == "fedfr" and cfg.fedfr.stage == "pretrain":  # FedFR generic model Theta_g^0, Phi_g: no sites
+        from server.fedfr_pretrain import pretrain_main
+
+        return pretrain_main(cfg)
     run_dir = Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
