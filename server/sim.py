@@ -20,29 +20,39 @@ from pathlib import Path
 
 from common import processes
 from common.compose import REPO_ROOT
-from common.datasets.synthetic import write_market_layout
+from common.datasets.layouts import write_layout
 
 DEFAULT_SITES = ["market1501", "dukemtmc", "cuhk03", "msmt17"]
-TARGETS = {"synth_a": 101, "synth_b": 102}
+# each site's private data is written in the real layout of the dataset it stands for
+SITE_LAYOUTS = {"market1501": "market1501", "dukemtmc": "dukemtmc", "cuhk03": "cuhk03", "msmt17": "msmt17"}
+# unseen target domains: (layout = reader, seed); ilids has no fixed split: 10 random half splits
+TARGETS = {"synth_a": ("market1501", 101), "synth_b": ("ilids", 102)}
 
 
 def write_data(data_dir: Path, sites: list[str], *, train_ids: int, images_per_id: int, target_ids: int) -> dict:
-    """One private dataset per site and two unseen target domains (skipped if already written)."""
+    """One private dataset per site and two unseen target domains (skipped if already written).
+
+    Returns name -> (reader, root). Sites without a layout of their own use Market-1501's.
+    """
     roots = {}
     for i, site in enumerate(sites):
+        layout = SITE_LAYOUTS.get(site, "market1501")
         root = data_dir / site
         if not (root / ".complete").exists():
-            write_market_layout(root, num_train_ids=train_ids, num_test_ids=4, images_per_id=images_per_id,
-                                seed=10 + i, identity_seed=1000 + i)
+            opts = {"extract": True} if layout == "cuhk03" else {}
+            write_layout(layout, root, num_ids=2 * train_ids, images_per_id=min(images_per_id, 10),
+                         seed=10 + i, identity_seed=1000 + i, height=128, width=64, **opts)
             (root / ".complete").touch()
-        roots[site] = root
-    for name, seed in TARGETS.items():
+        roots[site] = (layout, root)
+    for name, (layout, seed) in TARGETS.items():
         root = data_dir / name
+        n = target_ids if layout == "market1501" else 2 * target_ids  # ilids: half are test ids per split
         if not (root / ".complete").exists():
-            write_market_layout(root, num_train_ids=2, num_test_ids=target_ids, images_per_id=8,
-                                num_distractors=20, seed=seed, identity_seed=2000 + seed)
+            opts = {"num_distractors": 20} if layout == "market1501" else {}
+            write_layout(layout, root, num_ids=2 * n if layout == "market1501" else n, images_per_id=6,
+                         seed=seed, identity_seed=2000 + seed, height=128, width=64, **opts)
             (root / ".complete").touch()
-        roots[name] = root
+        roots[name] = (layout, root)
     return roots
 
 
@@ -67,8 +77,8 @@ def main(argv: list[str] | None = None) -> None:
     server_overrides = [
         "experiment=demo", f"run_dir={out}", f"sites=[{','.join(a.sites)}]",
         f"strategy.min_available_sites={len(a.sites)}", f"superlink.address={address}", "superlink.insecure=true",
-        *[f"++eval.targets.{n}.reader=market1501" for n in TARGETS],
-        *[f"++eval.targets.{n}.root={roots[n]}" for n in TARGETS],
+        *[f"++eval.targets.{n}.reader={roots[n][0]}" for n in TARGETS],
+        *[f"++eval.targets.{n}.root={roots[n][1]}" for n in TARGETS],
         *overrides,
     ]
     py = sys.executable
@@ -85,7 +95,7 @@ def main(argv: list[str] | None = None) -> None:
         procs.append(server)
         for i, site in enumerate(a.sites):
             cmd = [py, "-m", "client.main", "--site", site, "--superlink", address, "--insecure",
-                   "--data-root", str(roots[site]), "--reader", "market1501",
+                   "--data-root", str(roots[site][1]), "--reader", roots[site][0],
                    "--state-dir", str(out / "state" / site), "--port", str(processes.free_port()),
                    "--max-wait-time", "120"]
             procs.append(processes.start(cmd, processes.tool_env(), log_path=out / f"site_{site}.log",
