@@ -11,6 +11,7 @@ help:
 	@echo "make demo      a whole FedReID federation on this machine (4 sites, synthetic data, CPU)"
 	@echo "make test      the test suite"
 	@echo "make bench     benchmarks (JSON on stdout)"
+	@echo "make compose-up / compose-down   the federation in docker compose (GPU=1 for CUDA)"
 
 install: $(STAMP)
 
@@ -35,3 +36,6 @@ bench: install
 
 clean:
 	rm -rf runs .pytest_cache
+
+# docker-compose: one coordinator + four sites (docker/compose.yaml); no Docker engine runs in CI
+include docker/compose.mk
