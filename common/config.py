@@ -120,6 +120,9 @@ class ExperimentConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
     superlink: SuperLinkConfig = field(default_factory=SuperLinkConfig)
     fedfr: FedFRConfig = field(default_factory=FedFRConfig)  # task: fedfr (seed 001)
+    # Set by `fedserver resume=RUN_DIR` (server/resume.py), not by hand: the checkpoint the ServerApp
+    # continues from (round k+1 onwards). Empty for a new run.
+    resume_from: str = ""
 
     @classmethod
     def from_json(cls, text: str) -> ExperimentConfig:
