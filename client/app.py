@@ -21,6 +21,7 @@ def site_settings(node_config: dict) -> SiteSettings:
         reader=str(node_config.get("reader", "market1501")),
         state_dir=str(node_config.get("state-dir", "")),
         device=str(node_config.get("device", "cpu")),
+        fault=str(node_config.get("fault", "")),  # tests only: client/faults.py
     )
 
 

@@ -47,16 +47,20 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--public-root", help="FedFR: this site's copy of the public face data (default: the site "
                                          "config's public_root, else the run's fedfr.public_root)")
     p.add_argument("--flwr-home", help="Flower home folder of this SuperNode (default: <state-dir>/flwr_home)")
+    # hidden: fault injection for tests and benchmarks only (client/faults.py), e.g. --fault nan
+    p.add_argument("--fault", default="", help=argparse.SUPPRESS)
     return p
 
 
-def node_config(site: str, data_root: str, reader: str, state_dir: str, device: str, public_root: str = "") -> str:
+def node_config(site: str, data_root: str, reader: str, state_dir: str, device: str, public_root: str = "",
+                fault: str = "") -> str:
     def q(v: str) -> str:
         if '"' in v:
             raise ValueError(f"value {v!r} must not contain double quotes")
         return f'"{v}"'
 
     extra = (("public-root", public_root),) if public_root else ()
+    extra += (("fault", fault),) if fault else ()
     return " ".join(f"{k}={q(v)}" for k, v in (("site", site), ("data-root", data_root), ("reader", reader),
                                                   ("state-dir", state_dir), ("device", device), *extra))
 
@@ -64,7 +68,7 @@ def node_config(site: str, data_root: str, reader: str, state_dir: str, device: 
 def supernode_cmd(a: argparse.Namespace, data_root: str, reader: str, state_dir: str) -> list[str]:
     cmd = [processes.executable("flower-supernode"), "--superlink", a.superlink,
            "--node-config", node_config(a.site, data_root, reader, state_dir, a.device,
-                                        getattr(a, "public_root", None) or ""),
+                                        getattr(a, "public_root", None) or "", getattr(a, "fault", "")),
            "--port", str(a.port), "--max-retries", str(a.max_retries), "--max-wait-time", str(a.max_wait_time)]
     if a.insecure:
         cmd.append("--insecure")

@@ -19,6 +19,7 @@ import torch
 from flwr.client import NumPyClient
 from torch.utils.data import DataLoader
 
+from client.faults import parse_fault
 from client.state import SiteState, load_state, save_state
 from client.train import make_optimizer, set_round_lr, train_round
 from common.config import ExperimentConfig
@@ -43,6 +44,7 @@ class SiteSettings:
     reader: str = "market1501"
     state_dir: str = ""
     device: str = "cpu"
+    fault: str = ""  # fault injection for tests only (client/faults.py); empty on a real site
 
 
 def resolve_device(name: str) -> torch.device:
@@ -62,6 +64,7 @@ class FedReIDClient(NumPyClient):
         self.data = build_reader(settings.reader, settings.data_root)
         self.num_classes = self.data.splits.num_train_pids
         self.state_dir = Path(settings.state_dir or f"~/.fedreid/state/{settings.site}").expanduser()
+        self.fault = parse_fault(settings.fault)
 
     def get_parameters(self, config):
         torch.manual_seed(self.cfg.seed)
@@ -78,11 +81,15 @@ class FedReIDClient(NumPyClient):
                 f"{self.manifest.hash!r} ({self.cfg.model.backbone}, mode {self.cfg.strategy.mode}); "
                 "both sides must run the same model config"
             )
+        log.info("site %s round %d: local training starts", self.s.site, server_round)
+        if self.fault is not None:
+            self.fault.before_training(self.s.site, server_round)
         if self.cfg.train.threads > 0:
             torch.set_num_threads(self.cfg.train.threads)
         seed_everything(stable_seed(self.cfg.seed, self.s.site, server_round))
+        # the newest state from BEFORE this round: after a coordinator resume, round k+1 may be asked again
         st = load_state(self.state_dir, site=self.s.site, manifest_hash=self.manifest.hash,
-                        num_classes=self.num_classes)
+                        num_classes=self.num_classes, before_round=server_round)
         model = model_for(self.cfg, self.num_classes)
         if st is not None and st.model is not None:
             model.load_state_dict(st.model)  # Eq. (7): own head (and own integer buffers)
@@ -116,7 +123,10 @@ class FedReIDClient(NumPyClient):
                  ", ".join(f"{k}={v:.4f}" for k, v in stats.items()),
                  ", ".join(f"{k}={v:.1f}" for k, v in timing.items()))
         metrics = {"site": self.s.site, **timing, **{k: float(v) for k, v in stats.items()}}
-        return get_shared(model, self.manifest), len(self.data.train), metrics
+        update = get_shared(model, self.manifest)
+        if self.fault is not None:
+            update = self.fault.corrupt(self.s.site, server_round, update)
+        return update, len(self.data.train), metrics
 
     def _set_start_point(self, model: ReIDModel, parameters: list[np.ndarray], st: SiteState | None) -> None:
         """Eq. (7)/(15): the embedding from the server; ``local`` mode keeps its own after round 1."""

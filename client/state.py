@@ -4,17 +4,30 @@ Kept in ``<state_dir>/site_state.pt`` (atomic writes): the mapping head (Eq. 7),
 end of the last round (the next local expert, Eq. 10, and the "previous local model"), the
 client optimizer's state (momentum), the round counter and the manifest hash the state was trained under.
 Nothing here is ever sent to the coordinator.
+
+The state a round started from is kept too, in ``site_state.prev.pt``: a coordinator that dies
+after a site trained round k+1 but before it checkpointed round k+1 resumes after round k and asks
+for round k+1 again; the site then starts from the newest state with ``last_round < k+1`` (the
+previous file), exactly as it did the first time. A site is at most one round ahead of the
+coordinator's checkpoint, so two files suffice.
 """
 
 from __future__ import annotations
 
+import logging
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from common.checkpoint import atomic_torch_save, torch_load
 
 STATE_FILE = "site_state.pt"
+PREV_FILE = "site_state.prev.pt"
+
+log = logging.getLogger("fedclient")
 
 
 @dataclass
@@ -33,10 +46,14 @@ def state_path(state_dir: str | Path) -> Path:
     return Path(state_dir).expanduser() / STATE_FILE
 
 
-def load_state(state_dir: str | Path, *, site: str, manifest_hash: str, num_classes: int) -> SiteState | None:
-    """The saved state, or None on a first start; a state of another site/model/data is an error."""
-    path = state_path(state_dir)
-    if not path.is_file():
+def load_state(state_dir: str | Path, *, site: str, manifest_hash: str, num_classes: int,
+               before_round: int | None = None) -> SiteState | None:
+    """The newest saved state (with ``last_round < before_round`` when given), or None to start afresh.
+
+    A state of another site/model/data is an error.
+    """
+    path = _pick(Path(state_dir).expanduser(), before_round)
+    if path is None:
         return None
     raw = torch_load(path)
     st = SiteState(**raw)
@@ -54,6 +71,34 @@ def load_state(state_dir: str | Path, *, site: str, manifest_hash: str, num_clas
 
 
 def save_state(state_dir: str | Path, st: SiteState) -> Path:
-    path = state_path(state_dir)
-    atomic_torch_save(st.__dict__, path)
-    return path
+    """Write ``st`` as the current state; the current one becomes the previous if it is older.
+
+    A current state of round >= ``st.last_round`` was trained in a round the coordinator lost (it
+    died and resumed): it is replaced, and the previous file (the state this round started from)
+    stays. Each step is atomic: a crash between them leaves the previous file as the newest state.
+    """
+    cur = state_path(state_dir)
+    if cur.is_file() and _last_round(cur) < st.last_round:
+        os.replace(cur, cur.with_name(PREV_FILE))
+    atomic_torch_save(st.__dict__, cur)
+    return cur
+
+
+def _last_round(path: Path) -> int:
+    # memory-mapped: reads the small metadata, not the tensors
+    return int(torch.load(path, map_location="cpu", mmap=True, weights_only=False)["last_round"])
+
+
+def _pick(state_dir: Path, before_round: int | None) -> Path | None:
+    """The newest of current/previous state files whose round is before ``before_round``."""
+    for path in (state_dir / STATE_FILE, state_dir / PREV_FILE):
+        if not path.is_file():
+            continue
+        if before_round is None:
+            return path
+        last = _last_round(path)
+        if last < before_round:
+            return path
+        log.info("site state %s is of round %d; round %d is asked (the coordinator resumed): not used",
+                 path, last, before_round)
+    return None
