@@ -21,6 +21,14 @@ from common.params import Manifest, get_shared, set_shared
 from common.seeding import seed_everything
 from server.evaluate import ReIDEvaluator, evaluate_arrays
 from server.report import MetricsLog
+from server.resume import (
+    CHECKPOINT,
+    ServerCheckpoint,
+    capture_rng,
+    load_server_checkpoint,
+    restore_rng,
+    save_server_checkpoint,
+)
 from server.strategy import FedReIDStrategy, RoundRecord
 
 log = logging.getLogger("fedserver")
@@ -30,14 +38,15 @@ class RoundReporter:
     """End-of-round hook: evaluate, checkpoint, write metrics, print one progress line."""
 
     def __init__(self, cfg: ExperimentConfig, score: Callable[[list[np.ndarray]], dict] | None, keys: list[str],
-                 manifest_hash: str):
+                 manifest_hash: str, *, metrics_rows: list[dict] | None = None, elapsed_s: float = 0.0):
         self.cfg = cfg
         self.run_dir = cfg.resolved_run_dir()
         self.score = score
         self.keys = keys
         self.manifest_hash = manifest_hash
-        self.metrics = MetricsLog(self.run_dir)
-        self.t0 = time.time()
+        self.metrics = MetricsLog(self.run_dir, metrics_rows)  # a resumed run continues the history
+        self.t0 = time.time() - elapsed_s
+        self.strategy_state: Callable[[], dict] = dict  # set by server_fn: what the checkpoint keeps of the strategy
 
     def __call__(self, rnd: int, arrays: list[np.ndarray], site_models: dict | None, rec: RoundRecord) -> dict:
         row: dict = {"round": rnd, "elapsed_s": round(time.time() - self.t0, 2)}
@@ -51,8 +60,11 @@ class RoundReporter:
         if self.score is not None and every > 0 and (rnd % every == 0 or rnd == self.cfg.rounds):
             row |= self._evaluate(arrays, site_models)
         self.metrics.add(row)
-        save_global_checkpoint(self.run_dir / "global_latest.pt", keys=self.keys, arrays=arrays, server_round=rnd,
-                               manifest_hash=self.manifest_hash, config=self.cfg.to_dict())
+        # everything needed to continue after this round, in one atomic write (server/resume.py)
+        save_server_checkpoint(self.run_dir / CHECKPOINT, ServerCheckpoint(
+            round=rnd, keys=self.keys, arrays=arrays, manifest_hash=self.manifest_hash, config=self.cfg.to_dict(),
+            strategy=self.strategy_state(), rng=capture_rng(), metrics=self.metrics.rows,
+            elapsed_s=time.time() - self.t0))
         shown = {k: v for k, v in row.items() if k.startswith("mean/") or k.endswith(("/R1", "/mAP"))}
         print(f"[round {rnd}/{self.cfg.rounds}] " + " ".join(f"{k}={100 * v:.1f}" for k, v in shown.items())
               + (f" | {len(rec.replied)}/{rec.sampled} sites, {rec.fit_seconds:.1f}s" if rnd > 0 else " (untrained)"),
@@ -105,7 +117,16 @@ def server_fn(context: Context) -> ServerAppComponents:
     manifest = expected_manifest(cfg)
     model = model_for(cfg, 1)
     initial = get_shared(model, manifest)
-    reporter = RoundReporter(cfg, build_scorer(cfg, manifest, run_dir), list(manifest.keys), manifest.hash)
+    ck = load_server_checkpoint(cfg.resume_from) if cfg.resume_from else None
+    if ck is not None:  # fedserver resume=RUN_DIR: continue after round ck.round
+        if ck.manifest_hash != manifest.hash or ck.keys != list(manifest.keys):
+            raise ValueError(f"checkpoint {cfg.resume_from} holds manifest {ck.manifest_hash}, this model config "
+                             f"gives {manifest.hash}: resume with the run's own config.json")
+        initial = ck.arrays
+        restore_rng(ck.rng)
+        log.info("resuming after round %d of %d from %s", ck.round, cfg.rounds, cfg.resume_from)
+    reporter = RoundReporter(cfg, build_scorer(cfg, manifest, run_dir), list(manifest.keys), manifest.hash,
+                             metrics_rows=ck.metrics if ck else None, elapsed_s=ck.elapsed_s if ck else 0.0)
     log.info("FedReID run: %d rounds, %d sites, S=%s, beta=%s, mode=%s, shared %s", cfg.rounds, len(cfg.sites),
              cfg.strategy.fraction, cfg.privacy.beta, cfg.strategy.mode, manifest.describe())
     strategy = FedReIDStrategy(
@@ -121,10 +142,15 @@ def server_fn(context: Context) -> ServerAppComponents:
         seed=cfg.seed,
         wait_for_sites_s=cfg.wait_for_sites_s,
         on_round_end=reporter,
+        round_offset=ck.round if ck else 0,
     )
-    atomic_json_save({"status": "running", "rounds": cfg.rounds}, Path(run_dir) / "status.json")
+    if ck is not None:
+        strategy.restore_state(ck.strategy)
+    reporter.strategy_state = strategy.checkpoint_state
+    done = ck.round if ck else 0
+    atomic_json_save({"status": "running", "rounds": cfg.rounds, "resumed_after": done}, Path(run_dir) / "status.json")
     return ServerAppComponents(
-        strategy=strategy, config=ServerConfig(num_rounds=cfg.rounds, round_timeout=cfg.round_timeout_s)
+        strategy=strategy, config=ServerConfig(num_rounds=cfg.rounds - done, round_timeout=cfg.round_timeout_s)
     )
 
 

@@ -3,6 +3,7 @@
     fedserver [HYDRA_OVERRIDES...]       e.g. fedserver rounds=100 strategy.fraction=0.5 privacy.beta=0.001
     fedserver --help                     this text and every configuration key with its default
     fedserver --cfg                      print the composed configuration and exit
+    fedserver resume=RUN_DIR             continue a stopped run after its last complete round
 """
 
 from __future__ import annotations
@@ -33,6 +34,9 @@ TLS:     superlink.ca_cert=ca.crt superlink.cert=server.pem superlink.key=server
          (plain text needs an explicit superlink.insecure=true and prints a warning)
 Sites:   superlink.node_auth=true superlink.site_keys=DIR: only registered site keys may join
 Admin:   fedserver certs | register-site | list-sites | unregister-site  (each with --help)
+Resume:  fedserver resume=RUN_DIR [superlink.*=... round_timeout_s=... wait_for_sites_s=...]
+         continues a stopped or crashed run from RUN_DIR/global_latest.pt (written after every
+         round) with RUN_DIR/config.json; restart the sites' fedclient if they have exited
 
 Every key, with its paper default (conf/config.yaml):
 """
@@ -90,14 +94,20 @@ def run_config_file(run_dir: Path, cfg: ExperimentConfig) -> Path:
     return path
 
 
-def run(cfg: ExperimentConfig) -> int:
+def run(cfg: ExperimentConfig, *, resume: bool = False) -> int:
     if cfg.task == "fedfr" and cfg.fedfr.stage == "pretrain":  # FedFR generic model Theta_g^0, Phi_g: no sites
         from server.fedfr_pretrain import pretrain_main
 
         return pretrain_main(cfg)
     run_dir = Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
+    if not resume:
+        (run_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
+    else:
+        from server.resume import announce_resume
+
+        if announce_resume(cfg):  # every round was done already
+            return 0
     if cfg.superlink.insecure:
         print("fedserver: WARNING: superlink.insecure=true: site traffic is NOT encrypted", file=sys.stderr)
     home = run_dir / "flwr_home"
@@ -158,14 +168,20 @@ def main(argv: list[str] | None = None) -> None:
     bad = [a for a in args if a.startswith("-")]
     if bad:
         raise SystemExit(f"fedserver: unknown option(s) {bad}; configuration is given as KEY=VALUE (see --help)")
+    resume = [a for a in args if a.startswith("resume=")]
     try:
-        cfg = compose_experiment(args)
+        if resume:  # fedserver resume=RUN_DIR [operational overrides]
+            from server.resume import resume_config
+
+            cfg = resume_config(resume[0].partition("=")[2], [a for a in args if a not in resume])
+        else:
+            cfg = compose_experiment(args)
     except Exception as e:  # hydra and validation errors: one clear line, no traceback
         raise SystemExit(f"fedserver: bad configuration: {e}") from None
     if show:
         print(json.dumps(cfg.to_dict(), indent=2))
         return
-    sys.exit(run(cfg))
+    sys.exit(run(cfg, resume=bool(resume)))
 
 
 if __name__ == "__main__":

@@ -8,6 +8,12 @@ A subclass of Flower's ``FedAvg`` that overrides the hooks, not the round loop:
   line naming the site, averages the rest (Eq. 8; weighted by image count when asked, as FedFR's
   Eq. 2/4), adds noise to the aggregate (Eq. 14);
 - ``evaluate``: the per-round hook that evaluates the global embedding and reports the round.
+
+Resume (``fedserver resume=RUN_DIR``): Flower's server loop always counts from 1, so a run that
+continues after round k gets ``round_offset=k``; every hook works on the true round
+``server_round + round_offset`` (fit config ``server_round``, seeds, records, reports). Updates are
+aggregated in a canonical order (sorted by site name): float sums do not depend on the order in
+which replies arrived, so an interrupted and resumed run ends with bit-identical parameters.
 """
 
 from __future__ import annotations
@@ -69,6 +75,7 @@ class FedReIDStrategy(FedAvg):
         wait_for_sites_s: float = 600.0,
         fit_config: dict[str, Scalar] | None = None,
         on_round_end: RoundEndFn | None = None,
+        round_offset: int = 0,
     ) -> None:
         check_arrays(manifest, initial_arrays, who="initial parameters")
         super().__init__(
@@ -90,11 +97,29 @@ class FedReIDStrategy(FedAvg):
         self.wait_for_sites_s = wait_for_sites_s
         self.fit_config = dict(fit_config or {})
         self.on_round_end = on_round_end
-        self.records: dict[int, RoundRecord] = {}
+        self.records: dict[int, RoundRecord] = {}  # only the current round's is kept (memory stays flat)
         self.site_models: dict[str, list[np.ndarray]] = {}
+        self.round_offset = round_offset  # rounds completed before this Flower run (resume)
 
     def __repr__(self) -> str:
         return f"FedReIDStrategy(S={self.fraction_fit}, beta={self.beta}, manifest={self.manifest.hash})"
+
+    def true_round(self, server_round: int) -> int:
+        """Flower's round (1, 2, ... in every Flower run) -> the experiment's round."""
+        return server_round + self.round_offset
+
+    def checkpoint_state(self) -> dict:
+        """What the strategy needs, besides the global parameters, to continue a run exactly.
+
+        Sampling and noise draw from generators keyed by (seed, round, purpose): no generator
+        state to keep. ``local`` mode keeps each site's last embedding for the evaluation.
+        """
+        return {"seed": self.seed, "site_models": {s: [a.copy() for a in arrs] for s, arrs in self.site_models.items()}}
+
+    def restore_state(self, state: dict) -> None:
+        if int(state["seed"]) != self.seed:
+            raise ValueError(f"checkpoint was written with seed {state['seed']}, this run has seed {self.seed}")
+        self.site_models = {s: [np.asarray(a) for a in arrs] for s, arrs in state.get("site_models", {}).items()}
 
     def _rng(self, server_round: int, purpose: str) -> np.random.Generator:
         # one generator per (round, purpose): sampling and noise are reproducible, also after a resume
@@ -103,6 +128,9 @@ class FedReIDStrategy(FedAvg):
     def configure_fit(
         self, server_round: int, parameters: Parameters, client_manager: ClientManager
     ) -> list[tuple[ClientProxy, FitIns]]:
+        server_round = self.true_round(server_round)
+        for done in [r for r in self.records if r < server_round]:
+            del self.records[done]  # reported already; a 1000-round run must not keep 1000 records
         rec = self.records.setdefault(server_round, RoundRecord(server_round, started=time.time()))
         if not client_manager.wait_for(self.min_available_clients, timeout=int(self.wait_for_sites_s)):
             raise TimeoutError(
@@ -132,13 +160,14 @@ class FedReIDStrategy(FedAvg):
         results: list[tuple[ClientProxy, FitRes]],
         failures: list[tuple[ClientProxy, FitRes] | BaseException],
     ) -> tuple[Parameters | None, dict[str, Scalar]]:
+        server_round = self.true_round(server_round)
         rec = self.records.setdefault(server_round, RoundRecord(server_round))
         rec.failures = len(failures)
         for f in failures:
             log.warning("round %d: a site failed: %s", server_round, _describe_failure(f))
         good, weights = [], []
-        for proxy, res in results:
-            site = str(res.metrics.get("site", f"node-{proxy.cid}"))
+        # canonical order: replies arrive in any order, float sums must not depend on it
+        for site, proxy, res in sorted(((_site_of(p, r), p, r) for p, r in results), key=lambda t: (t[0], t[1].cid)):
             arrays = parameters_to_ndarrays(res.parameters)
             rec.bytes_received += sum(a.nbytes for a in arrays)
             try:
@@ -168,12 +197,17 @@ class FedReIDStrategy(FedAvg):
 
     def evaluate(self, server_round: int, parameters: Parameters) -> tuple[float, dict[str, Scalar]] | None:
         """Called by Flower after every round (and for round 0): report the round."""
-        if self.on_round_end is None:
-            return None
+        if self.on_round_end is None or (server_round == 0 and self.round_offset > 0):
+            return None  # a resumed run: its starting round was reported (and checkpointed) before
+        server_round = self.true_round(server_round)
         rec = self.records.setdefault(server_round, RoundRecord(server_round))
         arrays = parameters_to_ndarrays(parameters)
         metrics = self.on_round_end(server_round, arrays, self.site_models if self.keep_site_models else None, rec)
         return 0.0, metrics
+
+
+def _site_of(proxy: ClientProxy, res: FitRes) -> str:
+    return str(res.metrics.get("site", f"node-{proxy.cid}"))
 
 
 def _describe_failure(f: tuple[ClientProxy, FitRes] | BaseException) -> str:

@@ -1,0 +1,153 @@
+"""Checkpoint and resume of a FedReID run (``fedserver resume=RUN_DIR``).
+
+After every round the coordinator writes ``RUN_DIR/global_latest.pt`` in ONE atomic write
+(temporary file, fsync, rename; ``common/checkpoint.py``): the global shared parameters by name,
+the round k, the strategy state, the RNG states, the metrics history, the elapsed time, the config
+and the manifest hash. A crash leaves the checkpoint of round k or of round k+1, never a mix.
+
+``fedserver resume=RUN_DIR`` reads ``RUN_DIR/config.json`` (the experiment as it was started) and
+the checkpoint, starts a new SuperLink and a new Flower run whose strategy starts from the
+checkpointed parameters with ``round_offset=k`` and runs the remaining ``rounds - k`` rounds.
+Only operational keys (addresses, timeouts, TLS files, evaluation device) may be changed on resume:
+anything else would make the resumed run a different experiment.
+
+Exactness: a run interrupted after round k and resumed ends with bit-identical global parameters
+to an uninterrupted run when (1) ``strategy.fraction`` is 1 and client noise is off (``privacy.beta``
+0 or ``privacy.client_noise=false``): sampling and the per-site noise draws are assigned in the order
+of Flower node ids, which are new after a restart; (2) the sites train deterministically (CPU, same
+``train.threads``); (3) each site still holds its state before round k+1 (``client/state.py`` keeps
+the previous state file for that case). Server noise (Eq. 14) is keyed by (seed, round): exact.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import yaml
+
+from common.checkpoint import save_global_checkpoint, torch_load
+from common.config import ExperimentConfig
+
+CHECKPOINT = "global_latest.pt"
+FORMAT = 1  # version of the checkpoint's keys
+
+# keys that may be changed on resume: where and how the processes run, not what they compute
+RESUMABLE_OVERRIDES = ("superlink.", "wait_for_sites_s", "round_timeout_s", "eval.device", "eval.batch_size",
+                       "app_dir")
+
+
+@dataclass
+class ServerCheckpoint:
+    round: int
+    keys: list[str]
+    arrays: list[np.ndarray]
+    manifest_hash: str
+    config: dict[str, Any]
+    strategy: dict[str, Any] = field(default_factory=dict)
+    rng: dict[str, Any] = field(default_factory=dict)
+    metrics: list[dict[str, Any]] = field(default_factory=list)
+    elapsed_s: float = 0.0
+
+
+def capture_rng() -> dict[str, Any]:
+    """The global RNG states of this process (python, numpy, torch)."""
+    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+
+
+def restore_rng(state: dict[str, Any]) -> None:
+    if not state:
+        return
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+
+
+def save_server_checkpoint(path: str | Path, ck: ServerCheckpoint) -> None:
+    """One atomic write of everything needed to continue after round ``ck.round``."""
+    save_global_checkpoint(
+        path, keys=ck.keys, arrays=ck.arrays, server_round=ck.round, manifest_hash=ck.manifest_hash,
+        config=ck.config,
+        extra={"format": FORMAT, "strategy": ck.strategy, "rng": ck.rng, "metrics": ck.metrics,
+               "elapsed_s": ck.elapsed_s},
+    )
+
+
+def load_server_checkpoint(path: str | Path) -> ServerCheckpoint:
+    raw = torch_load(path)
+    if raw.get("format") != FORMAT:
+        raise ValueError(f"{path}: not a resumable checkpoint (format {raw.get('format')!r}, expected {FORMAT}); "
+                         "it was written by an older version")
+    state = raw["state_dict_shared"]
+    return ServerCheckpoint(
+        round=int(raw["round"]), keys=list(state), arrays=[v.numpy() for v in state.values()],
+        manifest_hash=raw["manifest_hash"], config=raw["config"], strategy=raw["strategy"], rng=raw["rng"],
+        metrics=list(raw["metrics"]), elapsed_s=float(raw["elapsed_s"]),
+    )
+
+
+def checkpoint_round(run_dir: str | Path) -> int | None:
+    """The last complete round checkpointed in ``run_dir`` (None when there is no checkpoint)."""
+    path = Path(run_dir) / CHECKPOINT
+    return load_server_checkpoint(path).round if path.is_file() else None
+
+
+def resume_config(run_dir: str | Path, overrides: list[str] | None = None) -> ExperimentConfig:
+    """The experiment of ``run_dir/config.json`` set to continue from its checkpoint.
+
+    ``resume_from`` is set when a checkpoint exists; without one (the coordinator died before
+    round 0 was reported) the run simply starts again, which gives the same result.
+    """
+    run_dir = Path(run_dir).expanduser().resolve()
+    path = run_dir / "config.json"
+    if not path.is_file():
+        raise ValueError(f"{path} not found: resume=RUN_DIR needs the folder of a run started by fedserver")
+    d = json.loads(path.read_text())
+    for item in overrides or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key.startswith(RESUMABLE_OVERRIDES):
+            raise ValueError(f"on resume only these keys may be changed: {', '.join(RESUMABLE_OVERRIDES)} "
+                             f"(found {item!r}); the experiment itself is read from {path}")
+        _set_dotted(d, key, yaml.safe_load(value))
+    d["run_dir"] = str(run_dir)  # the folder given, also when it was moved since
+    cfg = ExperimentConfig.from_dict(d)
+    if cfg.task != "fedreid":
+        raise ValueError(f"resume supports task=fedreid runs; {path} is a task={cfg.task} run")
+    ck = run_dir / CHECKPOINT
+    cfg.resume_from = str(ck) if ck.is_file() else ""
+    return cfg
+
+
+def announce_resume(cfg: ExperimentConfig) -> bool:
+    """Print where a resumed run starts; True when there is nothing left to run.
+
+    A checkpoint of the last round whose final outputs were not written (the coordinator died
+    between the two) is finished here, without starting any process.
+    """
+    run_dir = cfg.resolved_run_dir()
+    if not cfg.resume_from:
+        print(f"fedserver: resume: no checkpoint in {run_dir} (stopped before round 0 was reported); "
+              "starting the run from the beginning", flush=True)
+        return False
+    ck = load_server_checkpoint(cfg.resume_from)
+    if ck.round < cfg.rounds:
+        print(f"fedserver: resuming {run_dir} after round {ck.round} of {cfg.rounds}", flush=True)
+        return False
+    from server.app import RoundReporter
+
+    reporter = RoundReporter(cfg, None, ck.keys, ck.manifest_hash, metrics_rows=ck.metrics, elapsed_s=ck.elapsed_s)
+    reporter._finish(ck.arrays)
+    print(f"fedserver: {run_dir} had completed all {cfg.rounds} rounds; final outputs written", flush=True)
+    return True
+
+
+def _set_dotted(d: dict, key: str, value: Any) -> None:
+    *parents, last = key.split(".")
+    for p in parents:
+        d = d.setdefault(p, {})
+    d[last] = value
