@@ -94,11 +94,23 @@ def run_config_file(run_dir: Path, cfg: ExperimentConfig) -> Path:
     return path
 
 
+def check_targets(cfg: ExperimentConfig) -> None:
+    """Fail before any process starts when an evaluation target's folder is wrong."""
+    from common.datasets import build_reader
+
+    for name, t in cfg.eval.targets.items():
+        try:
+            build_reader(t.reader, t.root)
+        except (OSError, ValueError) as e:
+            raise SystemExit(f"fedserver: evaluation target {name!r}: {e}") from None
+
+
 def run(cfg: ExperimentConfig, *, resume: bool = False) -> int:
     if cfg.task == "fedfr" and cfg.fedfr.stage == "pretrain":  # FedFR generic model Theta_g^0, Phi_g: no sites
         from server.fedfr_pretrain import pretrain_main
 
         return pretrain_main(cfg)
+    check_targets(cfg)
     run_dir = Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     if not resume:
