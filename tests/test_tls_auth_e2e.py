@@ -109,6 +109,13 @@ def wait_for_text(path: Path, pattern: str, timeout_s: float, proc: subprocess.P
     pytest.fail(f"{pattern!r} did not appear in {path} within {timeout_s:.0f}s:\n{path.read_text()[-3000:]}")
 
 
+def wait_registered(log: Path, sites: list[str], timeout_s: float, proc: subprocess.Popen) -> None:
+    """Until fedserver has registered every site's key (its start-up, before the run is submitted)."""
+    deadline = time.monotonic() + timeout_s
+    for site in sites:
+        wait_for_text(log, rf"registered site {site} \(node \d+", max(1.0, deadline - time.monotonic()), proc)
+
+
 def stop_all(fed: Federation, marker: str) -> None:
     """Stop every process we started (their groups), then any straggler that names our folder."""
     for proc in reversed(fed.procs):
@@ -182,11 +189,10 @@ def test_registered_sites_train_and_unregistered_are_refused(tmp_path):
     run_dir.mkdir()
     logs = tmp_path / "logs"
     logs.mkdir()
-    t0 = time.monotonic()
     try:
         server = start(fed, fedserver_cmd(fed, address, sites), logs / "fedserver.log")
         # the keys are registered before any site is started: an unregistered key is refused at once
-        wait_for_text(logs / "fedserver.log", r"registered site dukemtmc \(node \d+", 90, server)
+        wait_registered(logs / "fedserver.log", sites, 90, server)
         # the operator's readiness check (docker/compose.yaml's healthcheck): all keys registered; a
         # folder that also holds cuhk03's key is not
         online = ["--superlink", address, "--root-certificates", str(fed.tls.ca_cert)]
@@ -212,7 +218,6 @@ def test_registered_sites_train_and_unregistered_are_refused(tmp_path):
         server_code = server.wait(timeout=240)
     finally:
         stop_all(fed, str(tmp_path))
-    elapsed = time.monotonic() - t0
 
     server_log = (logs / "fedserver.log").read_text()
     assert server_code == 0, server_log[-4000:]
@@ -247,4 +252,3 @@ def test_registered_sites_train_and_unregistered_are_refused(tmp_path):
     assert_no_secrets(tmp_path, secret_fragments(*keys), skip=set(keys))
     time.sleep(1)
     assert processes_mentioning(str(tmp_path)) == [], "processes left behind"
-    assert elapsed < 240, f"took {elapsed:.0f}s"
