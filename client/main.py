@@ -124,8 +124,10 @@ def main(argv: list[str] | None = None) -> None:
     code = proc.wait()
     processes.stop(proc, grace_s=2)
     if code != 0:
+        hint = ("; with node authentication, is this site's public key registered (fedserver register-site)?"
+                if a.auth_key else "")
         print(f"fedclient: site {a.site}: the SuperNode exited with code {code}; is the coordinator reachable at "
-              f"{a.superlink} (fedserver running, TLS settings matching)?", file=sys.stderr)
+              f"{a.superlink} (fedserver running, TLS settings matching){hint}", file=sys.stderr)
     sys.exit(code)
 
 
