@@ -36,7 +36,8 @@ Sites:   superlink.node_auth=true superlink.site_keys=DIR: only registered site 
 Admin:   fedserver certs | register-site | list-sites | unregister-site  (each with --help)
 Resume:  fedserver resume=RUN_DIR [superlink.*=... round_timeout_s=... wait_for_sites_s=...]
          continues a stopped or crashed run from RUN_DIR/global_latest.pt (written after every
-         round) with RUN_DIR/config.json; restart the sites' fedclient if they have exited
+         round) with RUN_DIR/config.json. Sites reconnect by themselves when the coordinator is
+         back within their --max-wait-time; restart the fedclient of a site that has exited
 
 Every key, with its paper default (conf/config.yaml):
 """
@@ -113,8 +114,15 @@ def run(cfg: ExperimentConfig, *, resume: bool = False) -> int:
     check_targets(cfg)
     run_dir = Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
+    # The SuperLink keeps its state (registered nodes, keys) in a file: after a coordinator crash,
+    # `fedserver resume=RUN_DIR` reopens it and the sites' SuperNodes (still retrying, up to their
+    # --max-wait-time) carry on with their node ids. With an in-memory state they would be refused.
+    db = run_dir / "superlink.db"
+    db_kept = resume and db.is_file()
     if not resume:
         (run_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
+        for old in run_dir.glob("superlink.db*"):  # a new run starts from a fresh SuperLink state
+            old.unlink()
     else:
         from server.resume import announce_resume
 
@@ -123,15 +131,15 @@ def run(cfg: ExperimentConfig, *, resume: bool = False) -> int:
     if cfg.superlink.insecure:
         print("fedserver: WARNING: superlink.insecure=true: site traffic is NOT encrypted", file=sys.stderr)
     home = run_dir / "flwr_home"
-    superlink = processes.start(build_superlink_cmd(cfg), processes.tool_env(home / "superlink"),
-                                log_path=run_dir / "superlink.log")
+    superlink = processes.start(build_superlink_cmd(cfg) + ["--database", str(db)],
+                                processes.tool_env(home / "superlink"), log_path=run_dir / "superlink.log")
     submit = None
     try:
         host, port = processes.split_address(cfg.superlink.address)
         processes.wait_for_port(host, port, cfg.superlink.startup_timeout_s, superlink)
         print(f"fedserver: SuperLink listening on {cfg.superlink.address}; waiting for sites {cfg.sites}", flush=True)
         conn = write_cli_config(home / "cli", cfg)
-        if cfg.superlink.node_auth and cfg.superlink.site_keys:
+        if cfg.superlink.node_auth and cfg.superlink.site_keys and not db_kept:  # a resumed state has them
             admin.register_site_keys(cfg.superlink.site_keys, home / "cli", conn)
         cmd = [processes.executable("flwr"), "run", cfg.app_dir, conn, "--stream",
                "--run-config", str(run_config_file(run_dir, cfg))]
