@@ -17,6 +17,15 @@ to an uninterrupted run when (1) ``strategy.fraction`` is 1 and client noise is 
 of Flower node ids, which are new after a restart; (2) the sites train deterministically (CPU, same
 ``train.threads``); (3) each site still holds its state before round k+1 (``client/state.py`` keeps
 the previous state file for that case). Server noise (Eq. 14) is keyed by (seed, round): exact.
+
+How the sites rejoin: the SuperLink keeps its state (registered nodes and keys) in
+``RUN_DIR/superlink.db``. While the coordinator is down, each site's SuperNode keeps retrying for
+``fedclient --max-wait-time`` seconds (default 300); the resumed SuperLink reopens the same file,
+knows their node ids, and they carry on with no restart (tests/test_resume.py). A site whose
+SuperNode gave up (coordinator down longer, or its state file lost: the new SuperLink answers 401
+and the SuperNode exits) must be restarted (`fedclient ...`, or a restart policy of its service);
+it rejoins as a new node with its own state. Messages of the dead run still queued for a site may
+be trained once more (wasted work, at most one round; the resumed run asks again).
 """
 
 from __future__ import annotations
@@ -111,7 +120,8 @@ def resume_config(run_dir: str | Path, overrides: list[str] | None = None) -> Ex
     for item in overrides or []:
         key, sep, value = item.partition("=")
         if not sep or not key.startswith(RESUMABLE_OVERRIDES):
-            raise ValueError(f"on resume only these keys may be changed: {', '.join(RESUMABLE_OVERRIDES)} "
+            keys = ", ".join(k + "*" if k.endswith(".") else k for k in RESUMABLE_OVERRIDES)
+            raise ValueError(f"on resume only these keys may be changed: {keys} "
                              f"(found {item!r}); the experiment itself is read from {path}")
         _set_dotted(d, key, yaml.safe_load(value))
     d["run_dir"] = str(run_dir)  # the folder given, also when it was moved since
@@ -138,12 +148,23 @@ def announce_resume(cfg: ExperimentConfig) -> bool:
     if ck.round < cfg.rounds:
         print(f"fedserver: resuming {run_dir} after round {ck.round} of {cfg.rounds}", flush=True)
         return False
+    if (run_dir / "global_final.pt").is_file() and '"completed"' in _read(run_dir / "status.json"):
+        print(f"fedserver: {run_dir} has completed all {cfg.rounds} rounds already; nothing to resume", flush=True)
+        return True
     from server.app import RoundReporter
 
     reporter = RoundReporter(cfg, None, ck.keys, ck.manifest_hash, metrics_rows=ck.metrics, elapsed_s=ck.elapsed_s)
+    reporter.metrics.write()  # the checkpoint's history is the reference
     reporter._finish(ck.arrays)
     print(f"fedserver: {run_dir} had completed all {cfg.rounds} rounds; final outputs written", flush=True)
     return True
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError:
+        return ""
 
 
 def _set_dotted(d: dict, key: str, value: Any) -> None:
