@@ -1,0 +1,176 @@
+"""A real federation on loopback for fault tests: fedserver and fedclient processes that a test
+can kill, restart, freeze and resume, with every wait bounded and every process reaped.
+
+    with Federation(tmp_path, ["market1501", "dukemtmc"], ["rounds=3"]) as fed:
+        fed.start_server(); fed.start_site("market1501"); ...
+        fed.wait_for(lambda: fed.checkpoint_round() >= 1, 300, "round 1")
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Self
+
+import torch
+
+from common import processes
+from common.datasets.synthetic import write_market_layout
+from tests.procutil import kill_all, processes_mentioning
+
+REPO = Path(__file__).resolve().parents[1]
+
+# tiny and deterministic: resnet18 at 32x16, one step of 4 images per round, one torch thread
+TINY = ["experiment=demo", "model.height=32", "model.width=16", "train.batch_size=4", "train.max_steps_per_epoch=1",
+        "train.threads=1", "eval.every=0", "wait_for_sites_s=240"]
+
+
+class Federation:
+    def __init__(self, root: Path, sites: list[str], overrides: list[str]):
+        self.root = Path(root)
+        self.sites = sites
+        self.run_dir = self.root / "run"
+        self.port = processes.free_port()
+        self.overrides = [*TINY, f"run_dir={self.run_dir}", f"sites=[{','.join(sites)}]",
+                          f"strategy.min_available_sites={len(sites)}",
+                          f"superlink.address=127.0.0.1:{self.port}", "superlink.insecure=true", *overrides]
+        self.server: subprocess.Popen | None = None
+        self.site_procs: dict[str, subprocess.Popen] = {}
+        for i, site in enumerate(sites):
+            data = self.data_root(site)
+            if not data.is_dir():
+                write_market_layout(data, num_train_ids=4, num_test_ids=2, images_per_id=4, height=32, width=16,
+                                    seed=10 + i, identity_seed=1000 + i)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # ---- paths and outputs ----
+    def data_root(self, site: str) -> Path:
+        return self.root / "data" / site
+
+    def state_dir(self, site: str) -> Path:
+        return self.root / "state" / site
+
+    def site_log(self, site: str) -> Path:
+        return self.root / f"site_{site}.log"
+
+    def metrics(self) -> list[dict]:
+        try:
+            return json.loads((self.run_dir / "metrics.json").read_text())
+        except (OSError, ValueError):
+            return []
+
+    def checkpoint_round(self) -> int:
+        """Round of the server checkpoint (-1 when none)."""
+        try:
+            return int(torch.load(self.run_dir / "global_latest.pt", map_location="cpu", mmap=True,
+                                  weights_only=False)["round"])
+        except (OSError, RuntimeError, KeyError, EOFError):
+            return -1
+
+    def site_round(self, site: str) -> int:
+        """last_round of the site's current state file (-1 when none)."""
+        try:
+            return int(torch.load(self.state_dir(site) / "site_state.pt", map_location="cpu", mmap=True,
+                                  weights_only=False)["last_round"])
+        except (OSError, RuntimeError, KeyError, EOFError):
+            return -1
+
+    def site_state(self, site: str, name: str = "site_state.pt") -> dict | None:
+        path = self.state_dir(site) / name
+        return torch.load(path, map_location="cpu", weights_only=False) if path.is_file() else None
+
+    def final_arrays(self) -> dict[str, torch.Tensor]:
+        return torch.load(self.run_dir / "global_final.pt", weights_only=False)["state_dict_shared"]
+
+    # ---- processes ----
+    def start_server(self, *, resume: bool = False) -> subprocess.Popen:
+        args = [f"resume={self.run_dir}"] if resume else self.overrides
+        self.server = processes.start([sys.executable, "-m", "server.main", *args], processes.tool_env(),
+                                      log_path=self.root / "fedserver.log", cwd=REPO)
+        return self.server
+
+    def start_site(self, site: str, fault: str = "") -> subprocess.Popen:
+        cmd = [sys.executable, "-m", "client.main", "--site", site, "--superlink", f"127.0.0.1:{self.port}",
+               "--insecure", "--data-root", str(self.data_root(site)), "--reader", "market1501",
+               "--state-dir", str(self.state_dir(site)), "--port", str(processes.free_port()),
+               "--max-wait-time", "120"]
+        if fault:
+            cmd += ["--fault", fault]
+        self.site_procs[site] = processes.start(cmd, processes.tool_env(), log_path=self.site_log(site), cwd=REPO)
+        return self.site_procs[site]
+
+    def kill_site(self, site: str) -> None:
+        """SIGKILL the site's fedclient, SuperNode and ClientApp processes (a crash, no clean-up)."""
+        proc = self.site_procs.pop(site)
+        _kill_group(proc)
+        for pid in processes_mentioning(str(self.state_dir(site) / "flwr_home")):
+            _kill_pid(pid)
+
+    def freeze_site(self, site: str) -> None:
+        """SIGSTOP every process of the site: it stays registered but never answers (unreachable)."""
+        for pid in processes_mentioning(str(self.state_dir(site))):
+            try:
+                os.kill(pid, signal.SIGSTOP)
+            except ProcessLookupError:
+                pass
+
+    def kill_coordinator(self) -> None:
+        """SIGKILL fedserver, its SuperLink, ServerApp and `flwr run` (a crash of the coordinator machine)."""
+        if self.server is not None:
+            _kill_group(self.server)
+        for pid in processes_mentioning(str(self.run_dir / "flwr_home")):
+            _kill_pid(pid)
+
+    def wait_server(self, timeout_s: float) -> int:
+        try:
+            return self.server.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"fedserver did not finish within {timeout_s:.0f}s\n{self.logs()}") from None
+
+    def wait_for(self, cond: Callable[[], bool], timeout_s: float, what: str) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if cond():
+                return
+            if self.server is not None and self.server.poll() is not None and not cond():
+                raise AssertionError(f"fedserver exited ({self.server.returncode}) waiting for {what}\n{self.logs()}")
+            time.sleep(0.5)
+        raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}\n{self.logs()}")
+
+    def logs(self, tail: int = 3000) -> str:
+        out = []
+        for p in sorted(self.root.glob("*.log")):
+            out.append(f"--- {p.name}\n{p.read_text(errors='replace')[-tail:]}")
+        return "\n".join(out)
+
+    def close(self) -> None:
+        for proc in [self.server, *self.site_procs.values()]:
+            if proc is not None:
+                kill_all(proc, str(self.root))
+        kill_all(None, str(self.root))
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait(timeout=30)
+
+
+def _kill_pid(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
