@@ -99,6 +99,12 @@ class SuperLinkConfig:
     # Flower node authentication (needs TLS): only sites whose public key is registered may join.
     node_auth: bool = False
     site_keys: str | None = None  # folder of <site>.pub registered at start (`fedserver register-site`)
+    # Keep the SuperLink's state in RUN_DIR/superlink.db (SQLite) so that after a coordinator crash
+    # `fedserver resume=RUN_DIR` reopens it and running sites carry on without a restart. Off by
+    # default: SQLite also stores every parameter chunk and, on a busy machine, its write lock
+    # ("database is locked") can fail requests of large models; in memory, restart the sites' fedclient
+    # after a resume instead.
+    persist_state: bool = False
     startup_timeout_s: float = 60.0
 
 

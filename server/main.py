@@ -114,11 +114,12 @@ def run(cfg: ExperimentConfig, *, resume: bool = False) -> int:
     check_targets(cfg)
     run_dir = Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    # The SuperLink keeps its state (registered nodes, keys) in a file: after a coordinator crash,
-    # `fedserver resume=RUN_DIR` reopens it and the sites' SuperNodes (still retrying, up to their
-    # --max-wait-time) carry on with their node ids. With an in-memory state they would be refused.
+    # superlink.persist_state=true keeps the SuperLink's state (registered nodes, keys) in a file:
+    # after a coordinator crash `fedserver resume=RUN_DIR` reopens it and the sites' SuperNodes (still
+    # retrying, up to their --max-wait-time) carry on with their node ids. In memory (the default)
+    # they are refused by the new SuperLink and their fedclient must be restarted.
     db = run_dir / "superlink.db"
-    db_kept = resume and db.is_file()
+    db_kept = resume and db.is_file() and cfg.superlink.persist_state
     if not resume:
         (run_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
         for old in run_dir.glob("superlink.db*"):  # a new run starts from a fresh SuperLink state
@@ -131,7 +132,8 @@ def run(cfg: ExperimentConfig, *, resume: bool = False) -> int:
     if cfg.superlink.insecure:
         print("fedserver: WARNING: superlink.insecure=true: site traffic is NOT encrypted", file=sys.stderr)
     home = run_dir / "flwr_home"
-    superlink = processes.start(build_superlink_cmd(cfg) + ["--database", str(db)],
+    db_args = ["--database", str(db)] if cfg.superlink.persist_state else []  # default: in memory
+    superlink = processes.start(build_superlink_cmd(cfg) + db_args,
                                 processes.tool_env(home / "superlink"), log_path=run_dir / "superlink.log")
     submit = None
     try:

@@ -18,13 +18,14 @@ of Flower node ids, which are new after a restart; (2) the sites train determini
 ``train.threads``); (3) each site still holds its state before round k+1 (``client/state.py`` keeps
 the previous state file for that case). Server noise (Eq. 14) is keyed by (seed, round): exact.
 
-How the sites rejoin: the SuperLink keeps its state (registered nodes and keys) in
-``RUN_DIR/superlink.db``. While the coordinator is down, each site's SuperNode keeps retrying for
+How the sites rejoin: with ``superlink.persist_state=true`` the SuperLink keeps its state
+(registered nodes and keys) in ``RUN_DIR/superlink.db``. While the coordinator is down, each site's SuperNode keeps retrying for
 ``fedclient --max-wait-time`` seconds (default 300); the resumed SuperLink reopens the same file,
 knows their node ids, and they carry on with no restart (tests/test_resume.py). A site whose
 SuperNode gave up (coordinator down longer, or its state file lost: the new SuperLink answers 401
 and the SuperNode exits) must be restarted (`fedclient ...`, or a restart policy of its service);
-it rejoins as a new node with its own state. Messages of the dead run still queued for a site may
+it rejoins as a new node with its own state. With the default in-memory state every site's fedclient
+must be restarted after a resume (the new SuperLink does not know their node ids). Messages of the dead run still queued for a site may
 be trained once more (wasted work, at most one round; the resumed run asks again).
 """
 
