@@ -68,7 +68,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=50)
     ap.add_argument("--kill-every", type=int, default=10)
     ap.add_argument("--down-s", type=float, default=5.0, help="seconds a killed site stays down")
-    ap.add_argument("--round-timeout", type=int, default=90)
+    ap.add_argument("--round-timeout", type=int, default=240)
     ap.add_argument("--keep", help="keep the run folder here (default: a temporary folder, removed)")
     a = ap.parse_args()
     root = Path(a.keep) if a.keep else Path(tempfile.mkdtemp(prefix="soak_"))

@@ -18,15 +18,16 @@ of Flower node ids, which are new after a restart; (2) the sites train determini
 ``train.threads``); (3) each site still holds its state before round k+1 (``client/state.py`` keeps
 the previous state file for that case). Server noise (Eq. 14) is keyed by (seed, round): exact.
 
-How the sites rejoin: with ``superlink.persist_state=true`` the SuperLink keeps its state
-(registered nodes and keys) in ``RUN_DIR/superlink.db``. While the coordinator is down, each site's SuperNode keeps retrying for
-``fedclient --max-wait-time`` seconds (default 300); the resumed SuperLink reopens the same file,
-knows their node ids, and they carry on with no restart (tests/test_resume.py). A site whose
-SuperNode gave up (coordinator down longer, or its state file lost: the new SuperLink answers 401
-and the SuperNode exits) must be restarted (`fedclient ...`, or a restart policy of its service);
-it rejoins as a new node with its own state. With the default in-memory state every site's fedclient
-must be restarted after a resume (the new SuperLink does not know their node ids). Messages of the dead run still queued for a site may
-be trained once more (wasted work, at most one round; the resumed run asks again).
+How the sites rejoin. The SuperLink's state (registered nodes) is in memory by default: the
+resumed SuperLink does not know the sites' node ids, answers their SuperNodes 401, and they exit
+("SuperNode terminated gracefully", fedclient exit code 0). Restart every site's fedclient after a
+resume (by hand, or a service restart policy that also restarts on exit code 0); each rejoins as a
+new node and trains from its own state folder (tests/test_resume.py). With
+``superlink.persist_state=true`` the state is kept in ``RUN_DIR/superlink.db``: SuperNodes that are
+still retrying (``fedclient --max-wait-time``, default 300 s) carry on with their node ids and need
+no restart (the same test passed with it on; SQLite's write lock can fail requests on a busy machine, hence not the
+default). Messages of the dead run already pulled by a site may be trained once more (wasted work,
+at most one round: the resumed run asks for that round again).
 """
 
 from __future__ import annotations
