@@ -21,22 +21,25 @@ from pathlib import Path
 from common import processes
 from common.compose import REPO_ROOT
 from common.datasets.layouts import write_layout
+from common.datasets.synthetic import write_market_layout
 
 DEFAULT_SITES = ["market1501", "dukemtmc", "cuhk03", "msmt17"]
-# each site's private data is written in the real layout of the dataset it stands for
-SITE_LAYOUTS = {"market1501": "market1501", "dukemtmc": "dukemtmc", "cuhk03": "cuhk03", "msmt17": "msmt17"}
-# unseen target domains: (layout = reader, seed); ilids has no fixed split: 10 random half splits
-TARGETS = {"synth_a": ("market1501", 101), "synth_b": ("ilids", 102)}
+# --site-layouts real: each site's data in the real layout of the dataset it stands for
+REAL_LAYOUTS = {"market1501": "market1501", "dukemtmc": "dukemtmc", "cuhk03": "cuhk03", "msmt17": "msmt17"}
+# unseen target domains: (layout = reader, seed, layout options)
+TARGETS = {"synth_a": ("market1501", 101), "synth_b": ("market1501", 102)}
 
 
-def write_data(data_dir: Path, sites: list[str], *, train_ids: int, images_per_id: int, target_ids: int) -> dict:
+def write_data(data_dir: Path, sites: list[str], *, train_ids: int, images_per_id: int, target_ids: int,
+               real_layouts: bool = False) -> dict:
     """One private dataset per site and two unseen target domains (skipped if already written).
 
-    Returns name -> (reader, root). Sites without a layout of their own use Market-1501's.
+    Returns name -> (reader, root). By default every site is written in the Market-1501 layout;
+    ``real_layouts`` writes dukemtmc, cuhk03 and msmt17 in their own layouts (read by their readers).
     """
     roots = {}
     for i, site in enumerate(sites):
-        layout = SITE_LAYOUTS.get(site, "market1501")
+        layout = REAL_LAYOUTS.get(site, "market1501") if real_layouts else "market1501"
         root = data_dir / site
         if not (root / ".complete").exists():
             opts = {"extract": True} if layout == "cuhk03" else {}
@@ -46,11 +49,9 @@ def write_data(data_dir: Path, sites: list[str], *, train_ids: int, images_per_i
         roots[site] = (layout, root)
     for name, (layout, seed) in TARGETS.items():
         root = data_dir / name
-        n = target_ids if layout == "market1501" else 2 * target_ids  # ilids: half are test ids per split
         if not (root / ".complete").exists():
-            opts = {"num_distractors": 20} if layout == "market1501" else {}
-            write_layout(layout, root, num_ids=2 * n if layout == "market1501" else n, images_per_id=6,
-                         seed=seed, identity_seed=2000 + seed, height=128, width=64, **opts)
+            write_market_layout(root, num_train_ids=2, num_test_ids=target_ids, images_per_id=8,
+                                num_distractors=20, seed=seed, identity_seed=2000 + seed)
             (root / ".complete").touch()
         roots[name] = (layout, root)
     return roots
@@ -63,6 +64,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--train-ids", type=int, default=40, help="identities per site")
     p.add_argument("--images-per-id", type=int, default=8)
     p.add_argument("--target-ids", type=int, default=30, help="test identities per unseen domain")
+    p.add_argument("--site-layouts", choices=("market", "real"), default="market",
+                   help="market: every site in the Market-1501 layout (default); real: dukemtmc, cuhk03 and msmt17 "
+                        "in their own dataset layouts")
     p.add_argument("--port", type=int, default=0, help="SuperLink port (default: a free one)")
     p.add_argument("--timeout", type=float, default=1800, help="seconds before everything is stopped")
     a, overrides = p.parse_known_args(argv)
@@ -70,7 +74,7 @@ def main(argv: list[str] | None = None) -> None:
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
     roots = write_data(out / "data", a.sites, train_ids=a.train_ids, images_per_id=a.images_per_id,
-                       target_ids=a.target_ids)
+                       target_ids=a.target_ids, real_layouts=a.site_layouts == "real")
     print(f"fedsim: synthetic data in {out / 'data'} ({time.time() - t0:.1f}s)", flush=True)
     port = a.port or processes.free_port()
     address = f"127.0.0.1:{port}"

@@ -18,7 +18,7 @@ REPO = Path(__file__).resolve().parents[1]
 def test_two_sites_two_rounds(tmp_path):
     out = tmp_path / "run"
     cmd = [sys.executable, "-m", "server.sim", "--out", str(out), "--sites", "market1501", "dukemtmc",
-           "--train-ids", "4", "--images-per-id", "4", "--target-ids", "3", "--timeout", "420",
+           "--train-ids", "4", "--images-per-id", "4", "--target-ids", "3", "--timeout", "420", "--site-layouts", "real",
            "rounds=2", "model.height=32", "model.width=16", "train.batch_size=4", "train.max_steps_per_epoch=1",
            "wait_for_sites_s=120", "round_timeout_s=180"]
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
