@@ -17,6 +17,7 @@ from typing import Any
 BACKBONES = ("sphere4", "sphere20", "sphere36", "sphere64")
 STAGES = ("train", "pretrain")
 INIT_LOCAL = ("imprint", "random")
+BIAS_INIT = ("zero", "sphereface2")
 
 
 @dataclass
@@ -45,6 +46,10 @@ class FedFRConfig:
     bce_r: float = 30.0  # s'
     bce_m: float = 0.4  # m'
     bce_t: float = 3.0  # t' of g(z)
+    # b at a site's first round: "zero" (the official FedFR code) or "sphereface2" (SphereFace2's
+    # balancing init, ~8.5 for K_l = 20: it asks negatives for cos < ~0.1 from the start, which
+    # bends the DFC space hard when the generic model's impostor cosines are still spread)
+    bce_bias_init: str = "zero"
     alpha: list[float] = field(default_factory=lambda: [1.0, 5.0, 10.0])  # a1 L_cos + a2 L_con + a3 L_BCE
     # W_l and Omega at a site's first round: "imprint" = the mean global-model feature of each
     # local identity (what the official code does), "random" = N(0, 0.01) / xavier.
@@ -83,6 +88,8 @@ class FedFRConfig:
             raise bad("stage", f"one of {', '.join(STAGES)}", self.stage)
         if self.backbone not in BACKBONES:
             raise bad("backbone", f"one of {', '.join(BACKBONES)}", self.backbone)
+        if self.bce_bias_init not in BIAS_INIT:
+            raise bad("bce_bias_init", f"one of {', '.join(BIAS_INIT)}", self.bce_bias_init)
         if self.init_local not in INIT_LOCAL:
             raise bad("init_local", f"one of {', '.join(INIT_LOCAL)}", self.init_local)
         for key in ("embedding_dim", "image_size", "local_epochs", "hn_chunk", "pretrain_epochs"):

@@ -44,7 +44,9 @@ class FedFRModel(nn.Module):
 
 def fedfr_model(cfg: FedFRConfig, num_public: int, num_local: int = 0) -> FedFRModel:
     """The one place that turns ``cfg.fedfr`` into a model (a site's, or the generic one with K_l = 0)."""
-    bias = sphereface2_bias_init(num_local, cfg.bce_lambda, cfg.bce_r, cfg.bce_m, cfg.bce_t) if num_local >= 2 else 0.0
+    bias = 0.0
+    if cfg.bce_bias_init == "sphereface2" and num_local >= 2:
+        bias = sphereface2_bias_init(num_local, cfg.bce_lambda, cfg.bce_r, cfg.bce_m, cfg.bce_t)
     return FedFRModel(cfg.backbone, cfg.embedding_dim, cfg.image_size, num_public, num_local, bias_init=bias)
 
 

@@ -1,0 +1,116 @@
+"""FedFR demo on one machine with real processes (what ``make demo-fedfr`` runs).
+
+1. writes synthetic faces (``common.datasets.synthetic_faces``), splits them with the split tool
+   into K_g public identities and C sites x K_l identities (train/test per identity), and writes a
+   small IJB-C-style benchmark of other identities;
+2. ``fedserver experiment=fedfr-demo fedfr.stage=pretrain``: the generic model Theta_g^0, Phi_g;
+3. ``fedserver experiment=fedfr-demo`` and one ``fedclient --site faceN`` per site on loopback;
+4. the FedFR evaluation (``server.fedfr_eval.fedfr_eval_main``): generic (IJB-C style) and
+   personalised tables in the run folder.
+
+    python -m server.sim_fedfr [--out runs/fedfr-demo] [--sites face1 face2 face3] [HYDRA_OVERRIDES...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from common import processes
+from common.compose import REPO_ROOT, compose_experiment
+from common.datasets.face_split import plan_split, read_identities, write_split
+from common.datasets.synthetic_faces import write_ijbc_layout, write_identity_folders
+
+
+def write_data(data: Path, sites: list[str], a: argparse.Namespace) -> dict[str, Path]:
+    """Synthetic source set -> split (public + sites) and an IJB-C-style set; skipped if already there."""
+    if not (data / ".complete").exists():
+        n_ids = a.public_ids + len(sites) * a.ids_per_site
+        write_identity_folders(data / "source", n_ids, a.train + a.test, size=a.size, seed=a.seed)
+        plan = plan_split(read_identities(data / "source"), num_public=a.public_ids, num_clients=len(sites),
+                          ids_per_client=a.ids_per_site, train_per_id=a.train, test_per_id=a.test, seed=a.seed)
+        plan.sites = dict(zip(sites, plan.sites.values()))  # name the clients as the sites
+        write_split(plan, data / "split")
+        write_ijbc_layout(data / "ijbc", a.ijbc_subjects, size=a.size, seed=a.seed, first_identity=10 * n_ids)
+        (data / ".complete").touch()
+    return {"public": data / "split" / "public", "ijbc": data / "ijbc",
+            **{s: data / "split" / "clients" / s for s in sites}}
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m server.sim_fedfr", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", default="runs/fedfr-demo", help="run folder (data/, state/, logs, outputs)")
+    p.add_argument("--sites", nargs="+", default=["face1", "face2", "face3"], help="site names (conf/site/*.yaml)")
+    p.add_argument("--public-ids", type=int, default=100, help="K_g public identities")
+    p.add_argument("--ids-per-site", type=int, default=10, help="K_l identities per site")
+    p.add_argument("--train", type=int, default=60, help="train images per identity (paper: 60)")
+    p.add_argument("--test", type=int, default=20, help="personalised test images per identity (paper: 40)")
+    p.add_argument("--ijbc-subjects", type=int, default=40, help="subjects of the IJB-C-style set")
+    p.add_argument("--size", type=int, default=32, help="image size (must match fedfr.image_size)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--port", type=int, default=0, help="SuperLink port (default: a free one)")
+    p.add_argument("--timeout", type=float, default=1200, help="seconds before everything is stopped")
+    a, overrides = p.parse_known_args(argv)
+    out = Path(a.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.time()
+    roots = write_data(out / "data", a.sites, a)
+    print(f"sim_fedfr: synthetic faces in {out / 'data'} ({time.time() - t0:.0f}s)", flush=True)
+    address = f"127.0.0.1:{a.port or processes.free_port()}"
+    common_overrides = [
+        "experiment=fedfr-demo", f"run_dir={out}", f"sites=[{','.join(a.sites)}]", f"seed={a.seed}",
+        f"strategy.min_available_sites={len(a.sites)}", f"fedfr.image_size={a.size}",
+        f"fedfr.public_root={roots['public']}", f"fedfr.ijbc_root={roots['ijbc']}",
+        *[f"++fedfr.eval_sites.{s}.data_root={roots[s]}" for s in a.sites],
+        *[f"++fedfr.eval_sites.{s}.state_dir={out / 'state' / s}" for s in a.sites],
+        *overrides,
+    ]
+    py = sys.executable
+    code = subprocess.call([py, "-m", "server.main", *common_overrides, "fedfr.stage=pretrain"], cwd=REPO_ROOT,
+                           env=processes.tool_env(), timeout=a.timeout)
+    if code != 0:
+        sys.exit(code)
+    print(f"sim_fedfr: pre-trained ({time.time() - t0:.0f}s)", flush=True)
+    procs: list[subprocess.Popen] = []
+
+    def shutdown(*_):
+        for proc in reversed(procs):
+            processes.stop(proc, grace_s=5)
+
+    signal.signal(signal.SIGTERM, lambda *_: (shutdown(), sys.exit(143)))
+    try:
+        server = processes.start([py, "-m", "server.main", *common_overrides, f"superlink.address={address}",
+                                  "superlink.insecure=true"], processes.tool_env(), cwd=REPO_ROOT)
+        procs.append(server)
+        for site in a.sites:
+            cmd = [py, "-m", "client.main", "--site", site, "--superlink", address, "--insecure",
+                   "--data-root", str(roots[site]), "--reader", "face_site", "--public-root", str(roots["public"]),
+                   "--state-dir", str(out / "state" / site), "--port", str(processes.free_port()),
+                   "--max-wait-time", "120"]
+            procs.append(processes.start(cmd, processes.tool_env(), log_path=out / f"site_{site}.log", cwd=REPO_ROOT))
+        try:
+            code = server.wait(timeout=a.timeout)
+        except subprocess.TimeoutExpired:
+            print(f"sim_fedfr: the run did not finish within {a.timeout:.0f}s", file=sys.stderr)
+            code = 1
+    except KeyboardInterrupt:
+        code = 130
+    finally:
+        shutdown()
+    if code != 0:
+        sys.exit(code)
+    print(f"sim_fedfr: federated training done ({time.time() - t0:.0f}s); evaluating", flush=True)
+    from server.fedfr_eval import fedfr_eval_main
+
+    code = fedfr_eval_main(compose_experiment(common_overrides))
+    print(f"sim_fedfr: {time.time() - t0:.0f}s in all; outputs in {out} (fedfr_eval.md, metrics.json, ...)")
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,150 @@
+"""The FedFR site: what leaves it, hard negatives per round, the contrastive "previous" model, state."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+import client.fedfr_client as fc
+from client.fedfr_client import FedFRClient
+from client.fedfr_state import load_fedfr_state
+from common.datasets.face_folder import FaceFolder, FaceSite
+from common.models.fedfr import expected_fedfr_manifest, fedfr_model
+from common.params import set_shared
+from tests.fedfr_util import global_arrays, settings, tiny_fedfr_config, tiny_world
+
+PUBLIC = 6
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    return tiny_world(tmp_path_factory.mktemp("fedfr_world"), public=PUBLIC)
+
+
+def conf(cfg, rnd):
+    return {"server_round": rnd, "manifest_hash": expected_fedfr_manifest(cfg.fedfr, PUBLIC).hash}
+
+
+def brute_force_hard_negatives(cfg, arrays, public_root, site_root, threshold):
+    """Public images with max cosine > threshold to a local image, features of the model ``arrays``."""
+    model = fedfr_model(cfg.fedfr, PUBLIC, 0)
+    set_shared(model, expected_fedfr_manifest(cfg.fedfr, PUBLIC), arrays)
+    from common.evaluation.face_features import embed
+
+    kw = {"image_size": cfg.fedfr.image_size, "batch_size": 64, "device": torch.device("cpu"), "normalize": False}
+    pub = embed(model.backbone, FaceFolder(public_root).records, **kw).astype(np.float64)
+    loc = embed(model.backbone, FaceSite(site_root).train, **kw).astype(np.float64)
+    pub /= np.linalg.norm(pub, axis=1, keepdims=True)
+    loc /= np.linalg.norm(loc, axis=1, keepdims=True)
+    best = np.array([max(float(p @ q) for q in loc) for p in pub])
+    return np.flatnonzero(best > threshold), best
+
+
+def test_only_backbone_and_public_proxies_leave_the_site(world, tmp_path):
+    cfg = tiny_fedfr_config(world, tmp_path, t_hn=-1.0)  # every public image is a hard negative
+    c = FedFRClient(cfg, settings(world, tmp_path, "face1"))
+    sent, n, metrics = c.fit(global_arrays(cfg, PUBLIC, 0), conf(cfg, 1))
+    man = c.manifest
+    assert all(k.startswith("backbone.") or k == "public_proxies" for k in man.keys)
+    assert [a.shape for a in sent] == [tuple(s) for s in man.shapes]
+    st = load_fedfr_state(tmp_path / "face1")
+    private = {k: v for k, v in st.model.items() if k not in man.keys}
+    assert set(private) == {"local_proxies", "dfc.transform.weight", "dfc.transform.bias", "dfc.omega", "dfc.bias"}
+    # what is sent is exactly the trained backbone and Phi, nothing of W_l, Pi, Omega or b
+    for k, a in zip(man.keys, sent):
+        np.testing.assert_array_equal(a, st.model[k].numpy())
+    sent_values = [a.ravel() for a in sent]
+    for k, v in private.items():
+        assert not any(s.shape == v.numpy().ravel().shape and np.array_equal(s, v.numpy().ravel())
+                       for s in sent_values), k
+    # the FedAvg weight is the site's own image count, not counting the public hard negatives
+    assert metrics["hard_negatives"] == PUBLIC * 6 > 0
+    assert n == metrics["own_images"] == len(FaceSite(world["face1"]).train) == 12
+
+
+def test_hard_negatives_are_reselected_each_round_with_the_current_global_model(world, tmp_path):
+    cfg = tiny_fedfr_config(world, tmp_path)
+    a, b = global_arrays(cfg, PUBLIC, 1), global_arrays(cfg, PUBLIC, 2)
+    # a threshold that keeps about half of the public images under model a
+    _, best_a = brute_force_hard_negatives(cfg, a, world["public"], world["face1"], -2.0)
+    t = float(np.median(best_a))
+    cfg = tiny_fedfr_config(world, tmp_path, t_hn=t)
+    c = FedFRClient(cfg, settings(world, tmp_path, "face1"))
+    c.fit(a, conf(cfg, 1))
+    round1 = load_fedfr_state(tmp_path / "face1").hard_negatives
+    c.fit(b, conf(cfg, 2))
+    round2 = load_fedfr_state(tmp_path / "face1").hard_negatives
+    expected1, _ = brute_force_hard_negatives(cfg, a, world["public"], world["face1"], t)
+    expected2, _ = brute_force_hard_negatives(cfg, b, world["public"], world["face1"], t)
+    np.testing.assert_array_equal(round1, expected1)
+    np.testing.assert_array_equal(round2, expected2)  # with round 2's global model, not round 1's
+    assert 0 < len(round1) < PUBLIC * 6 and set(round1) != set(round2)
+
+
+def capture_training(monkeypatch):
+    seen = []
+    real = fc.train_local
+
+    def spy(model, global_backbone, prev_backbone, *args, **kwargs):
+        seen.append({"global": {k: v.clone() for k, v in global_backbone.state_dict().items()},
+                     "prev": {k: v.clone() for k, v in prev_backbone.state_dict().items()},
+                     "local_proxies": model.local_proxies.detach().clone(),
+                     "dfc": {k: v.clone() for k, v in model.dfc.state_dict().items()}})
+        return real(model, global_backbone, prev_backbone, *args, **kwargs)
+
+    monkeypatch.setattr(fc, "train_local", spy)
+    return seen
+
+
+def backbone_of(cfg, arrays):
+    model = fedfr_model(cfg.fedfr, PUBLIC, 0)
+    set_shared(model, expected_fedfr_manifest(cfg.fedfr, PUBLIC), arrays)
+    return model.backbone.state_dict()
+
+
+def test_contrastive_previous_model_is_the_global_model_in_round_one(world, tmp_path, monkeypatch):
+    cfg = tiny_fedfr_config(world, tmp_path, t_hn=0.9)
+    seen = capture_training(monkeypatch)
+    c = FedFRClient(cfg, settings(world, tmp_path, "face1"))
+    g1, g2 = global_arrays(cfg, PUBLIC, 1), global_arrays(cfg, PUBLIC, 2)
+    sent1, _, m1 = c.fit(g1, conf(cfg, 1))
+    expected = backbone_of(cfg, g1)
+    for k, v in expected.items():  # round 1: previous = global = what the server sent (not untrained)
+        torch.testing.assert_close(seen[0]["prev"][k], v, rtol=0, atol=0)
+        torch.testing.assert_close(seen[0]["global"][k], v, rtol=0, atol=0)
+    # f_prev = f_glob: L_con = -log(e^{a/tau} / (2 e^{a/tau})) = log 2 on the first batch
+    assert m1["con_first"] == pytest.approx(math.log(2), abs=1e-6)
+    c.fit(g2, conf(cfg, 2))
+    after1 = backbone_of(cfg, sent1)  # this site's model at the end of round 1
+    for k in expected:
+        torch.testing.assert_close(seen[1]["prev"][k], after1[k], rtol=0, atol=0)
+        torch.testing.assert_close(seen[1]["global"][k], backbone_of(cfg, g2)[k], rtol=0, atol=0)
+
+
+def test_private_modules_persist_across_a_new_client_object(world, tmp_path, monkeypatch):
+    cfg = tiny_fedfr_config(world, tmp_path, t_hn=0.9)
+    seen = capture_training(monkeypatch)
+    FedFRClient(cfg, settings(world, tmp_path, "face2")).fit(global_arrays(cfg, PUBLIC, 1), conf(cfg, 1))
+    saved = load_fedfr_state(tmp_path / "face2")
+    # a restart: a new process builds a new client object on the same state folder
+    FedFRClient(cfg, settings(world, tmp_path, "face2")).fit(global_arrays(cfg, PUBLIC, 2), conf(cfg, 2))
+    torch.testing.assert_close(seen[1]["local_proxies"], saved.model["local_proxies"], rtol=0, atol=0)
+    for k, v in seen[1]["dfc"].items():
+        torch.testing.assert_close(v, saved.model[f"dfc.{k}"], rtol=0, atol=0)
+    st = load_fedfr_state(tmp_path / "face2")
+    assert st.rounds_trained == 2 and [h["round"] for h in st.history] == [1, 2]
+    # W_l were imprinted in round 1 from the global model's features of each local identity
+    assert not torch.equal(seen[0]["local_proxies"], torch.zeros_like(seen[0]["local_proxies"]))
+    norms = F.normalize(seen[0]["local_proxies"], dim=1).norm(dim=1)
+    torch.testing.assert_close(norms, torch.ones_like(norms))
+
+
+def test_mismatched_model_or_public_data_is_refused(world, tmp_path):
+    cfg = tiny_fedfr_config(world, tmp_path)
+    c = FedFRClient(cfg, settings(world, tmp_path, "face1"))
+    with pytest.raises(ValueError, match="manifest"):
+        c.fit(global_arrays(cfg, PUBLIC, 0), {"server_round": 1, "manifest_hash": "other"})
+    with pytest.raises(ValueError, match="public identities"):
+        c.fit(global_arrays(cfg, PUBLIC, 0), {**conf(cfg, 1), "public_hash": "0" * 16})

@@ -1,0 +1,50 @@
+"""FedFR configuration: the paper's defaults under experiment=fedfr, a valid CPU demo, clear errors."""
+
+import pytest
+
+from common.compose import compose_experiment
+from common.config import ExperimentConfig
+from common.fedfr_config import BACKBONES, FedFRConfig
+from common.models.face import FACE_BACKBONES
+
+
+def test_paper_defaults_under_experiment_fedfr():
+    cfg = compose_experiment(["experiment=fedfr"])
+    f = cfg.fedfr
+    assert cfg.task == "fedfr" and cfg.rounds == 30  # T
+    assert (f.s, f.m, f.t_hn, f.tau) == (30.0, 0.4, 0.4, 0.5)
+    assert (f.bce_lambda, f.bce_r, f.bce_m, f.bce_t) == (0.7, 30.0, 0.4, 3.0)
+    assert f.alpha == [1.0, 5.0, 10.0] and (f.lr, f.weight_decay, f.local_epochs) == (0.001, 5e-4, 4)
+    assert (f.backbone, f.embedding_dim, f.image_size) == ("sphere64", 512, 112)
+    assert f.far_targets == [1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1] and f.fpir_targets == [0.01, 0.1]
+    # the yaml restates the dataclass defaults (one source of truth, checked)
+    assert f == FedFRConfig()
+
+
+def test_demo_config_is_small_and_valid():
+    cfg = compose_experiment(["experiment=fedfr-demo"])
+    assert cfg.task == "fedfr" and cfg.fedfr.backbone == "sphere4" and cfg.fedfr.image_size <= 64
+    assert cfg.rounds <= 5 and len(cfg.sites) == cfg.strategy.min_available_sites
+    assert cfg.superlink.insecure
+
+
+def test_backbone_names_agree_with_the_model_registry():
+    assert set(BACKBONES) == set(FACE_BACKBONES)
+
+
+@pytest.mark.parametrize("over, key", [
+    ({"task": "fedface"}, "task"),
+    ({"fedfr": {"stage": "finetune"}}, "fedfr.stage"),
+    ({"fedfr": {"backbone": "resnet50"}}, "fedfr.backbone"),
+    ({"fedfr": {"alpha": [1, 5]}}, "fedfr.alpha"),
+    ({"fedfr": {"bce_lambda": 1.0}}, "fedfr.bce_lambda"),
+    ({"fedfr": {"far_targets": [0.0]}}, "far_targets"),
+])
+def test_bad_values_name_the_key(over, key):
+    with pytest.raises(ValueError, match=key.replace(".", r"\.")):
+        ExperimentConfig.from_dict({"task": "fedfr", **over})
+
+
+def test_fedreid_runs_ignore_the_fedfr_section():
+    cfg = ExperimentConfig.from_dict({"fedfr": {"stage": "nonsense"}})  # not validated unless task=fedfr
+    assert cfg.task == "fedreid"
