@@ -102,12 +102,6 @@ def load_server_checkpoint(path: str | Path) -> ServerCheckpoint:
     )
 
 
-def checkpoint_round(run_dir: str | Path) -> int | None:
-    """The last complete round checkpointed in ``run_dir`` (None when there is no checkpoint)."""
-    path = Path(run_dir) / CHECKPOINT
-    return load_server_checkpoint(path).round if path.is_file() else None
-
-
 def resume_config(run_dir: str | Path, overrides: list[str] | None = None) -> ExperimentConfig:
     """The experiment of ``run_dir/config.json`` set to continue from its checkpoint.
 
