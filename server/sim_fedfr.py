@@ -23,21 +23,25 @@ from pathlib import Path
 from common import processes
 from common.compose import REPO_ROOT, compose_experiment
 from common.datasets.face_split import plan_split, read_identities, write_split
-from common.datasets.synthetic_faces import write_ijbc_layout, write_identity_folders
+from common.datasets.synthetic_faces import write_identity_folders, write_ijbc_layout
 
 
 def write_data(data: Path, sites: list[str], a: argparse.Namespace) -> dict[str, Path]:
     """Synthetic source set -> split (public + sites) and an IJB-C-style set; skipped if already there."""
     if not (data / ".complete").exists():
-        n_ids = a.public_ids + len(sites) * a.ids_per_site
-        write_identity_folders(data / "source", n_ids, a.train + a.test, size=a.size, seed=a.seed)
-        plan = plan_split(read_identities(data / "source"), num_public=a.public_ids, num_clients=len(sites),
+        # public identities 0..K_g-1, the sites' people K_g.., the IJB-C-style subjects after them
+        write_identity_folders(data / "public", a.public_ids, a.public_images, size=a.size, seed=a.seed)
+        n_site_ids = len(sites) * a.ids_per_site
+        write_identity_folders(data / "source", n_site_ids, a.train + a.test, size=a.size, seed=a.seed,
+                               first_identity=a.public_ids)
+        plan = plan_split(read_identities(data / "source"), num_public=0, num_clients=len(sites),
                           ids_per_client=a.ids_per_site, train_per_id=a.train, test_per_id=a.test, seed=a.seed)
         plan.sites = dict(zip(sites, plan.sites.values()))  # name the clients as the sites
         write_split(plan, data / "split")
-        write_ijbc_layout(data / "ijbc", a.ijbc_subjects, size=a.size, seed=a.seed, first_identity=10 * n_ids)
+        write_ijbc_layout(data / "ijbc", a.ijbc_subjects, size=a.size, seed=a.seed,
+                          first_identity=a.public_ids + n_site_ids)
         (data / ".complete").touch()
-    return {"public": data / "split" / "public", "ijbc": data / "ijbc",
+    return {"public": data / "public", "ijbc": data / "ijbc",
             **{s: data / "split" / "clients" / s for s in sites}}
 
 
@@ -47,9 +51,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", default="runs/fedfr-demo", help="run folder (data/, state/, logs, outputs)")
     p.add_argument("--sites", nargs="+", default=["face1", "face2", "face3"], help="site names (conf/site/*.yaml)")
     p.add_argument("--public-ids", type=int, default=100, help="K_g public identities")
-    p.add_argument("--ids-per-site", type=int, default=10, help="K_l identities per site")
+    p.add_argument("--public-images", type=int, default=20, help="images per public identity")
+    p.add_argument("--ids-per-site", type=int, default=20, help="K_l identities per site")
     p.add_argument("--train", type=int, default=60, help="train images per identity (paper: 60)")
-    p.add_argument("--test", type=int, default=20, help="personalised test images per identity (paper: 40)")
+    p.add_argument("--test", type=int, default=15, help="personalised test images per identity (paper: 40)")
     p.add_argument("--ijbc-subjects", type=int, default=40, help="subjects of the IJB-C-style set")
     p.add_argument("--size", type=int, default=32, help="image size (must match fedfr.image_size)")
     p.add_argument("--seed", type=int, default=0)

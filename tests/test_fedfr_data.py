@@ -1,5 +1,7 @@
 """FedFR data: the split tool's counts, the synthetic identity generator, the IJB-C-style meta files."""
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from PIL import Image
@@ -8,7 +10,7 @@ from common.datasets.base import DatasetLayoutError
 from common.datasets.face_folder import FaceFolder, FaceSite, build_face_reader
 from common.datasets.face_split import main as split_main
 from common.datasets.face_split import plan_split
-from common.datasets.synthetic_faces import IJBC_META, write_ijbc_layout, write_identity_folders
+from common.datasets.synthetic_faces import IJBC_META, write_identity_folders, write_ijbc_layout
 from common.evaluation.fedfr_protocols import read_ijbc_meta
 
 
@@ -69,7 +71,7 @@ def test_synthetic_identity_folders_layout_and_determinism(tmp_path):
     for r in reader.records:
         with Image.open(r.path) as im:
             assert im.size == (24, 24) and im.mode == "RGB"
-        assert (tmp_path / "b" / r.path.split("/a/")[1]).read_bytes() == open(r.path, "rb").read()
+        assert (tmp_path / "b" / r.path.split("/a/")[1]).read_bytes() == Path(r.path).read_bytes()
     # intra-class variation: two images of one identity differ; identities differ more on average
     x = np.stack([np.asarray(Image.open(r.path), np.float32) for r in reader.records]).reshape(3, 4, -1)
     within = np.mean([np.abs(x[i, a] - x[i, b]).mean() for i in range(3) for a in range(4) for b in range(a)])

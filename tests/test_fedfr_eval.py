@@ -45,7 +45,7 @@ def test_template_features_media_average_then_template_sum_then_normalise():
     naive = feats[:4].mean(0) / np.linalg.norm(feats[:4].mean(0))
     assert not np.allclose(tf[1], naive)
     # a media id shared by two templates is averaged within each template only
-    ids2, tf2 = template_features(feats[:6], np.array([5, 5, 5, 5, 2, 2]), np.array([1, 1, 1, 7, 1, 1]))
+    _, tf2 = template_features(feats[:6], np.array([5, 5, 5, 5, 2, 2]), np.array([1, 1, 1, 7, 1, 1]))
     np.testing.assert_allclose(tf2[0], plain_template_features(feats[4:6], templates[4:6], medias[4:6])[2])
 
 

@@ -56,8 +56,8 @@ def plan_split(
     site_prefix: str = "face",
 ) -> SplitPlan:
     """The split of ``identities`` (name -> image paths); raises when the counts cannot be met."""
-    if num_public < 1 or num_clients < 1 or train_per_id < 1 or test_per_id < 1:
-        raise ValueError("num_public, num_clients, train_per_id and test_per_id must all be >= 1")
+    if num_public < 0 or num_clients < 1 or train_per_id < 1 or test_per_id < 1:
+        raise ValueError("num_clients, train_per_id and test_per_id must be >= 1 and num_public >= 0")
     names = sorted(identities)
     order = [names[i] for i in np.random.default_rng(stable_seed("face-split", seed)).permutation(len(names))]
     if len(order) <= num_public:
@@ -150,7 +150,8 @@ def main(argv: list[str] | None = None) -> None:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("src", help="identity-folder dataset (one sub-folder per identity)")
     p.add_argument("out", help="output folder (public/, clients/<site>/{train,test}/, split.json)")
-    p.add_argument("--public", type=int, required=True, help="K_g: public identities (paper: 6000)")
+    p.add_argument("--public", type=int, required=True,
+                   help="K_g: public identities (paper: 6000; 0 = clients only, public data from elsewhere)")
     p.add_argument("--clients", type=int, required=True, help="C: client sites (paper ablation: 40)")
     p.add_argument("--ids-per-client", type=int, default=0, help="identities per client (0: spread the rest equally)")
     p.add_argument("--train", type=int, default=60, help="train images per client identity (default %(default)s)")

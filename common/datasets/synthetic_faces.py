@@ -61,9 +61,22 @@ class Identity:
     texture_amp: float
 
 
-def make_identity(seed: int, identity: int) -> Identity:
-    """Identity number ``identity`` of the world ``seed`` (stable: independent of how many are drawn)."""
-    r = np.random.default_rng(stable_seed("synthetic-face", seed, identity))
+def make_identity(seed: int, identity: int, population: int | None = None, spread: float = 0.35) -> Identity:
+    """Identity number ``identity`` of the world ``seed`` (stable: independent of how many are drawn).
+
+    ``population``: the person comes from a sub-population (a deployment's community): every
+    parameter is pulled towards the population's prototype, keeping ``spread`` of its variation,
+    so people of one population look more alike than people drawn from the whole world.
+    """
+    idt = _draw_identity(np.random.default_rng(stable_seed("synthetic-face", seed, identity)))
+    if population is None:
+        return idt
+    proto = _draw_identity(np.random.default_rng(stable_seed("synthetic-face-population", seed, population)))
+    return Identity(**{f: getattr(proto, f) + spread * (getattr(idt, f) - getattr(proto, f))
+                       for f in Identity.__dataclass_fields__})
+
+
+def _draw_identity(r: np.random.Generator) -> Identity:
     t = r.uniform(-1, 1, (TEXTURE_GRID, TEXTURE_GRID))
     t = (t + t[:, ::-1]) / 2  # symmetric: a mirrored image shows the same person
     skin_tone = r.uniform(0.25, 0.95)
@@ -206,13 +219,16 @@ def identity_name(i: int) -> str:
 
 def write_identity_folders(
     root: str | Path, num_identities: int, images_per_identity: int, *, size: int = 112, seed: int = 0,
-    first_identity: int = 0, variation: float = 1.0,
+    first_identity: int = 0, variation: float = 1.0, population: int | None = None, spread: float = 0.35,
 ) -> list[str]:
-    """``root/<id>/<k>.png`` for identities first_identity .. +num_identities; returns the names."""
+    """``root/<id>/<k>.png`` for identities first_identity .. +num_identities; returns the names.
+
+    ``population``/``spread``: draw the people from one sub-population (see :func:`make_identity`).
+    """
     root = Path(root)
     names = []
     for i in range(first_identity, first_identity + num_identities):
-        idt = make_identity(seed, i)
+        idt = make_identity(seed, i, population, spread)
         d = root / identity_name(i)
         d.mkdir(parents=True, exist_ok=True)
         for k in range(images_per_identity):
