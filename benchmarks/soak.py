@@ -5,8 +5,13 @@ per round, no evaluation). Every ``--kill-every`` rounds one site (in turn) is S
 next round runs and restarted ``--down-s`` seconds later (a new Flower node, its own state file).
 Reports rounds completed, updates received / dropped (invalid) / lost (no reply), the resident
 memory (RSS) of the coordinator's ServerApp process and of the SuperLink at round 1 and at the
-last round with a least-squares slope per round, the SuperLink state file size, and whether the
-final global model is finite.
+last round with a least-squares slope per round, and whether the final global model is finite.
+
+The harness supervises the coordinator like a service restart policy would: if fedserver exits
+before the run completed (on an overloaded machine Flower's SuperLink may declare the ServerApp
+dead when its heartbeats are late), it runs ``fedserver resume=RUN_DIR`` and restarts the sites
+(the new in-memory SuperLink does not know their nodes). Each restart is reported; RSS slopes are
+computed per ServerApp process (between restarts).
 
     python benchmarks/soak.py [--rounds 50] [--kill-every 10] [--keep DIR]
 """
@@ -69,32 +74,48 @@ def main() -> None:
     ap.add_argument("--kill-every", type=int, default=10)
     ap.add_argument("--down-s", type=float, default=5.0, help="seconds a killed site stays down")
     ap.add_argument("--round-timeout", type=int, default=240)
+    ap.add_argument("--max-restarts", type=int, default=5, help="coordinator resumes before giving up")
     ap.add_argument("--keep", help="keep the run folder here (default: a temporary folder, removed)")
     a = ap.parse_args()
     root = Path(a.keep) if a.keep else Path(tempfile.mkdtemp(prefix="soak_"))
     over = [f"rounds={a.rounds}", "strategy.min_fit_sites=1", f"round_timeout_s={a.round_timeout}",
             "train.local_expert=false"]
     t0 = time.time()
-    kills = []
-    server_rss: dict[int, float] = {}
-    superlink_rss: dict[int, float] = {}
+    kills, restarts = [], []
+    # one {round: MB} per ServerApp / SuperLink process (a new one after each coordinator restart)
+    server_rss: list[dict[int, float]] = [{}]
+    superlink_rss: list[dict[int, float]] = [{}]
     with Federation(root, SITES, over) as fed:
         fed.start_server()
         for s in SITES:
             fed.start_site(s)
         marker = str(fed.run_dir / "flwr_home" / "superlink")
         seen = -1
+        killed = set()
         deadline = time.monotonic() + a.rounds * (a.round_timeout + 120) + 600
-        while fed.server.poll() is None and time.monotonic() < deadline:
+        while time.monotonic() < deadline:
+            if fed.server.poll() is not None:
+                if fed.checkpoint_round() >= a.rounds or len(restarts) >= a.max_restarts:
+                    break
+                # the coordinator died: resume it, as a restart policy would, and restart the sites
+                restarts.append({"after_round": fed.checkpoint_round(), "fedserver_exit": fed.server.returncode})
+                fed.kill_coordinator()
+                for s in SITES:
+                    fed.kill_site(s)
+                    fed.start_site(s)
+                fed.start_server(resume=True)
+                server_rss.append({})
+                superlink_rss.append({})
             rnd = fed.checkpoint_round()
             if rnd != seen and rnd >= 0:
                 seen = rnd
-                for program, store in (("flwr-serverapp", server_rss), ("flower-superlink", superlink_rss)):
+                for program, store in (("flwr-serverapp", server_rss[-1]), ("flower-superlink", superlink_rss[-1])):
                     pid = find_pid(marker, program)
                     mb = rss_mb(pid) if pid else None
                     if mb is not None:
                         store[rnd] = round(mb, 1)
-                if 0 < rnd < a.rounds and rnd % a.kill_every == 0:
+                if 0 < rnd < a.rounds and rnd % a.kill_every == 0 and rnd not in killed:
+                    killed.add(rnd)
                     site = SITES[(rnd // a.kill_every - 1) % len(SITES)]
                     time.sleep(3)  # the next round has been sent: the site dies in it
                     fed.kill_site(site)
@@ -109,7 +130,9 @@ def main() -> None:
         db = fed.run_dir / "superlink.db"
         db_mb = round(sum(p.stat().st_size for p in fed.run_dir.glob("superlink.db*")) / 1e6, 2) if db.exists() else None
         states = {s: (fed.site_state(s) or {}).get("rounds_trained") for s in SITES}
-    last = max(server_rss, default=0)
+    all_server = {r: v for seg in server_rss for r, v in seg.items()}
+    all_superlink = {r: v for seg in superlink_rss for r, v in seg.items()}
+    last = max(all_server, default=0)
     result = {
         "rounds_requested": a.rounds,
         "fedserver_exit": code,
@@ -121,14 +144,17 @@ def main() -> None:
         "updates_lost_no_reply": sum(r["failures"] for r in rows),
         "rounds_with_a_lost_update": [r["round"] for r in rows if r["failures"]],
         "kills": kills,
+        "coordinator_restarts": restarts,
         "site_rounds_trained": states,
-        "serverapp_rss_mb_round1": server_rss.get(1),
-        f"serverapp_rss_mb_round{last}": server_rss.get(last),
-        "serverapp_rss_slope_mb_per_round_after_round5": round(slope({r: v for r, v in server_rss.items() if r >= 5}), 3),
-        "superlink_rss_mb_round1": superlink_rss.get(1),
-        f"superlink_rss_mb_round{last}": superlink_rss.get(last),
-        "superlink_rss_slope_mb_per_round_after_round5": round(
-            slope({r: v for r, v in superlink_rss.items() if r >= 5}), 3),
+        "serverapp_rss_mb_round1": all_server.get(1),
+        f"serverapp_rss_mb_round{last}": all_server.get(last),
+        # per process, rounds >= 5 of the first process (start-up allocations settle in the first rounds)
+        "serverapp_rss_slope_mb_per_round": [round(slope({r: v for r, v in seg.items() if i or r >= 5}), 3)
+                                             for i, seg in enumerate(server_rss)],
+        "superlink_rss_mb_round1": all_superlink.get(1),
+        f"superlink_rss_mb_round{last}": all_superlink.get(last),
+        "superlink_rss_slope_mb_per_round": [round(slope({r: v for r, v in seg.items() if i or r >= 5}), 3)
+                                             for i, seg in enumerate(superlink_rss)],
         "superlink_state_file_mb": db_mb,
         "final_model_finite": finite,
         "median_round_s": float(np.median([r["fit_seconds"] for r in rows])) if rows else None,
