@@ -16,8 +16,27 @@ import numpy as np
 import pytest
 import torch
 
+from client.faults import Fault, parse_fault
+from common.params import Manifest, check_arrays
 from tests.federation import Federation
 from tests.procutil import processes_mentioning
+
+
+def test_fault_specs_and_what_each_fault_sends():
+    man = Manifest(keys=("embedding.w", "embedding.b"), shapes=((2, 3), (3,)), dtypes=("float32", "float32"))
+    good = [np.ones((2, 3), np.float32), np.zeros(3, np.float32)]
+    assert parse_fault("") is None
+    assert parse_fault("sleep:2.5@2,4") == Fault("sleep", 2.5, frozenset({2, 4}))
+    for bad in ("boom", "nan:3", "sleep:x", "nan@two"):
+        with pytest.raises(ValueError, match="expected KIND"):
+            parse_fault(bad)
+    for spec, why in (("nan", "non-finite"), ("shape", "has shape"), ("dtype", "has dtype float64"),
+                      ("count", "expected 2 arrays")):
+        sent = parse_fault(spec).corrupt("s", 1, good)
+        with pytest.raises(ValueError, match=why):
+            check_arrays(man, sent, who="update")
+    assert parse_fault("nan@3").corrupt("s", 1, good) is good  # not its round: untouched
+    check_arrays(man, good, who="update")  # the input was not modified
 
 
 def _no_process_left(root) -> None:
