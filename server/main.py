@@ -36,8 +36,9 @@ Sites:   superlink.node_auth=true superlink.site_keys=DIR: only registered site 
 Admin:   fedserver certs | register-site | list-sites | unregister-site  (each with --help)
 Resume:  fedserver resume=RUN_DIR [superlink.*=... round_timeout_s=... wait_for_sites_s=...]
          continues a stopped or crashed run from RUN_DIR/global_latest.pt (written after every
-         round) with RUN_DIR/config.json. Sites reconnect by themselves when the coordinator is
-         back within their --max-wait-time; restart the fedclient of a site that has exited
+         round) with RUN_DIR/config.json. Then restart every site's fedclient: the new SuperLink
+         does not know their nodes (unless superlink.persist_state=true, where sites still
+         retrying, --max-wait-time, carry on by themselves)
 
 Every key, with its paper default (conf/config.yaml):
 """
