@@ -4,11 +4,12 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.install-stamp
 
-.PHONY: install demo test lint bench clean help
+.PHONY: install demo demo-fedfr test lint bench clean help
 
 help:
 	@echo "make install   create $(VENV) and install the project (torch, flwr, ...) from pyproject.toml"
 	@echo "make demo      a whole FedReID federation on this machine (4 sites, synthetic data, CPU)"
+	@echo "make demo-fedfr  FedFR: pretrain + federation + generic/personalised evaluation (CPU)"
 	@echo "make test      the test suite"
 	@echo "make bench     benchmarks (JSON on stdout)"
 	@echo "make compose-up / compose-down   the federation in docker compose (GPU=1 for CUDA)"
@@ -39,3 +40,6 @@ clean:
 
 # docker-compose: one coordinator + four sites (docker/compose.yaml); no Docker engine runs in CI
 include docker/compose.mk
+
+demo-fedfr: install  ## FedFR: pretrain, federated rounds with real processes, generic + personalised evaluation
+	$(BIN)/python -m server.sim_fedfr --out runs/fedfr-demo

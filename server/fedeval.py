@@ -2,7 +2,9 @@
 
     fedeval checkpoint=runs/x/global_final.pt targets=[viper,ilids,3dpes,caviar,grid,cuhksysu] data_root=/data
     fedeval checkpoint=[a.pt,b.pt] targets=[viper] viper.root=/data/VIPeR flip=true out=results/
-    fedeval task=fedfr ...        (FedFR: generic IJB-C style and personalised protocols)
+    fedeval task=fedfr run_dir=runs/fedfr-demo [experiment=fedfr-demo] [HYDRA_OVERRIDES...]
+                                  (FedFR: generic IJB-C-style and personalised protocols, tables
+                                  printed and written as fedfr_eval.{json,md} + CSV in run_dir)
 
 Options (KEY=VALUE):
   checkpoint   one path or a list [a.pt,b.pt]: global checkpoints written by fedserver
@@ -139,12 +141,12 @@ def main(argv: list[str] | None = None) -> None:
     if any(a in ("-h", "--help") for a in argv):
         print(__doc__)
         return
-    args = parse_args(argv)
-    if args["task"] == "fedfr":
-        from server.fedfr_eval import fedeval_fedfr_main  # FedFR protocols (issue 4)
+    if "task=fedfr" in argv:  # FedFR: Hydra overrides of the FedFR run (run_dir=..., experiment=...)
+        from server import fedfr_eval
 
-        sys.exit(fedeval_fedfr_main(argv))
-    sys.exit(run(args))
+        fedfr_eval.main([a for a in argv if a != "task=fedfr"])
+        return
+    sys.exit(run(parse_args(argv)))
 
 
 if __name__ == "__main__":
