@@ -104,6 +104,13 @@ def build_scorer(cfg: ExperimentConfig, manifest: Manifest, run_dir: Path):
     return lambda arrays: evaluate_arrays(evaluator, model, lambda m, a: set_shared(m, manifest, a), arrays)
 
 
+def strategy_settings(cfg: ExperimentConfig) -> dict:
+    """The strategy's constructor arguments that come straight from the config (both tasks)."""
+    return {"fraction": cfg.strategy.fraction, "min_fit_sites": cfg.strategy.min_fit_sites,
+            "min_available_sites": cfg.strategy.min_available_sites, "beta": cfg.privacy.beta,
+            "client_noise": cfg.privacy.client_noise, "seed": cfg.seed, "wait_for_sites_s": cfg.wait_for_sites_s}
+
+
 def server_fn(context: Context) -> ServerAppComponents:
     setup_logging("fedserver")
     cfg = ExperimentConfig.from_json(str(context.run_config.get("experiment-json", "{}")))
@@ -132,15 +139,9 @@ def server_fn(context: Context) -> ServerAppComponents:
     strategy = FedReIDStrategy(
         manifest=manifest,
         initial_arrays=initial,
-        fraction=cfg.strategy.fraction,
-        min_fit_sites=cfg.strategy.min_fit_sites,
-        min_available_sites=cfg.strategy.min_available_sites,
-        beta=cfg.privacy.beta,
-        client_noise=cfg.privacy.client_noise,
+        **strategy_settings(cfg),
         weighted=False,  # Eq. (8): a plain mean over the selected sites
         keep_site_models=cfg.strategy.mode == "local",
-        seed=cfg.seed,
-        wait_for_sites_s=cfg.wait_for_sites_s,
         on_round_end=reporter,
         round_offset=ck.round if ck else 0,
     )

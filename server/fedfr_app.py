@@ -18,7 +18,7 @@ from common.config import ExperimentConfig
 from common.models.fedfr import expected_fedfr_manifest
 from common.params import get_shared
 from common.seeding import seed_everything
-from server.app import RoundReporter
+from server.app import RoundReporter, strategy_settings
 from server.fedfr_eval import GenericEvaluator
 from server.fedfr_pretrain import load_pretrained, pretrained_path
 from server.fedfr_strategy import FedFRStrategy
@@ -42,13 +42,7 @@ def build_fedfr_components(cfg: ExperimentConfig) -> ServerAppComponents:
     strategy = FedFRStrategy(
         manifest=manifest,
         initial_arrays=initial,
-        fraction=cfg.strategy.fraction,
-        min_fit_sites=cfg.strategy.min_fit_sites,
-        min_available_sites=cfg.strategy.min_available_sites,
-        beta=cfg.privacy.beta,
-        client_noise=cfg.privacy.client_noise,
-        seed=cfg.seed,
-        wait_for_sites_s=cfg.wait_for_sites_s,
+        **strategy_settings(cfg),
         fit_config={"public_hash": ckpt["public_hash"]},  # sites check they mine the same public identities
         on_round_end=reporter,
     )
