@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import signal
 import subprocess
 import sys
@@ -54,8 +55,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--public-images", type=int, default=20, help="images per public identity")
     p.add_argument("--ids-per-site", type=int, default=20, help="K_l identities per site")
     p.add_argument("--train", type=int, default=60, help="train images per identity (paper: 60)")
-    p.add_argument("--test", type=int, default=15, help="personalised test images per identity (paper: 40)")
-    p.add_argument("--ijbc-subjects", type=int, default=40, help="subjects of the IJB-C-style set")
+    p.add_argument("--test", type=int, default=10, help="personalised test images per identity (paper: 40)")
+    p.add_argument("--ijbc-subjects", type=int, default=30, help="subjects of the IJB-C-style set")
     p.add_argument("--size", type=int, default=32, help="image size (must match fedfr.image_size)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--port", type=int, default=0, help="SuperLink port (default: a free one)")
@@ -113,8 +114,21 @@ def main(argv: list[str] | None = None) -> None:
     from server.fedfr_eval import fedfr_eval_main
 
     code = fedfr_eval_main(compose_experiment(common_overrides))
+    summarize(out)
     print(f"sim_fedfr: {time.time() - t0:.0f}s in all; outputs in {out} (fedfr_eval.md, metrics.json, ...)")
     sys.exit(code)
+
+
+def summarize(out: Path) -> None:
+    """Personalised protocol on the sites' own identities: each model's headline figures (%)."""
+    try:
+        rows = json.loads((out / "fedfr_eval.json").read_text())["personalised"]
+    except (OSError, ValueError, KeyError):
+        return
+    keys = ["TAR@FAR=0.0001", "TAR@FAR=0.001", "TAR@FAR=0.01", "TPIR@FPIR=0.1", "rank-1"]
+    print("sim_fedfr: personalised protocol (mean over sites), %: " + ", ".join(keys))
+    for name, m in rows.items():
+        print(f"  {name:30s} " + "  ".join(f"{100 * m[k]:6.2f}" for k in keys if k in m))
 
 
 if __name__ == "__main__":

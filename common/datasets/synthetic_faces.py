@@ -171,48 +171,6 @@ def render_face(idt: Identity, rng: np.random.Generator, size: int, variation: f
     return Image.fromarray((np.clip(arr, 0, 1) * 255).round().astype(np.uint8))
 
 
-@dataclass(frozen=True)
-class CaptureStyle:
-    """A site's camera: what every image of one deployment shares (colour cast, tone, blur, noise)."""
-
-    gains: tuple[float, float, float]  # per-channel colour cast
-    gamma: float
-    blur: float  # Gaussian blur radius, in pixels of a 112-pixel image
-    noise: float  # extra sensor noise (std, in [0, 1] units)
-
-
-def capture_style(seed: int, site: int, strength: float = 1.0) -> CaptureStyle:
-    """The camera of site number ``site`` (seeded); ``strength`` 0 is a neutral camera."""
-    r = np.random.default_rng(stable_seed("synthetic-face-camera", seed, site))
-    return CaptureStyle(gains=tuple(float(g) for g in np.exp(strength * r.uniform(-0.35, 0.35, 3))),
-                        gamma=float(np.exp(strength * r.uniform(-0.4, 0.4))),
-                        blur=float(strength * r.uniform(0.5, 2.5)), noise=float(strength * r.uniform(0.0, 0.05)))
-
-
-def apply_style(im: Image.Image, style: CaptureStyle, rng: np.random.Generator) -> Image.Image:
-    from PIL import ImageFilter
-
-    if style.blur > 0:
-        im = im.filter(ImageFilter.GaussianBlur(style.blur * im.width / 112))
-    x = np.asarray(im, dtype=np.float32) / 255
-    x = np.clip(x * np.asarray(style.gains, np.float32), 0, 1) ** style.gamma
-    x = x + rng.normal(0, style.noise, x.shape) if style.noise > 0 else x
-    return Image.fromarray((np.clip(x, 0, 1) * 255).round().astype(np.uint8))
-
-
-def restyle_folder(root: str | Path, style: CaptureStyle, seed: int = 0) -> int:
-    """Rewrite every image under ``root`` as seen by the camera ``style`` (new files: links are broken)."""
-    n = 0
-    for path in sorted(Path(root).rglob("*.png")):
-        with Image.open(path) as im:
-            im = im.convert("RGB")
-        out = apply_style(im, style, np.random.default_rng(stable_seed("synthetic-face-noise", seed, str(path))))
-        path.unlink()  # the file may be a hard link to the source set
-        out.save(path)
-        n += 1
-    return n
-
-
 def identity_name(i: int) -> str:
     return f"id{i:05d}"
 
