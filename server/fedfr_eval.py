@@ -12,13 +12,15 @@ on the generic protocol (``fedfr.ijbc_root``; the generic models only) and the p
 prints both tables and writes ``fedfr_eval.{json,md}`` and ``fedfr_eval_{generic,personalised}.csv``
 into the run folder. Protocols: ``common.evaluation.fedfr_protocols``.
 
-    python -m server.fedfr_eval experiment=fedfr-demo run_dir=runs/fedfr-demo ...
+    fedeval task=fedfr run_dir=runs/fedfr-demo       (the run's config.json, written by fedserver)
+    python -m server.fedfr_eval run_dir=RUN [KEY=VALUE ...]   (the same; KEY=VALUE overrides it)
 """
 
 from __future__ import annotations
 
 import csv
 import io
+import json
 import logging
 import sys
 from collections.abc import Sequence
@@ -222,13 +224,31 @@ def write_reports(results: dict, run_dir: Path, f: FedFRConfig) -> None:
     print(f"fedeval: wrote fedfr_eval.json, fedfr_eval.md and the CSV tables to {run_dir}", flush=True)
 
 
-def main(argv: list[str] | None = None) -> None:
+def run_config(args: list[str]) -> ExperimentConfig:
+    """The run's own ``<run_dir>/config.json`` (written by fedserver) when there is one, else conf/.
+
+    KEY=VALUE arguments override either (``experiment=`` only picks the conf/ experiment).
+    """
+    from omegaconf import OmegaConf
+
     from common.compose import compose_experiment
 
+    run_dir = next((a.split("=", 1)[1] for a in args if a.startswith("run_dir=")), None)
+    saved = Path(run_dir).expanduser() / "config.json" if run_dir else None
+    if saved is None or not saved.is_file():
+        has_experiment = any(a.startswith("experiment=") for a in args)
+        return compose_experiment(args if has_experiment else ["experiment=fedfr", *args])
+    rest = [a.lstrip("+") for a in args if not a.startswith(("run_dir=", "experiment="))]
+    merged = OmegaConf.merge(OmegaConf.create(json.loads(saved.read_text())), OmegaConf.from_dotlist(rest))
+    cfg = ExperimentConfig.from_dict(OmegaConf.to_container(merged, resolve=True))
+    cfg.run_dir = str(saved.parent.resolve())
+    return cfg
+
+
+def main(argv: list[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     try:
-        cfg = compose_experiment(["experiment=fedfr", *args] if not any(a.startswith("experiment=") for a in args)
-                                 else args)
+        cfg = run_config(args)
     except Exception as e:  # noqa: BLE001 - hydra and validation errors: one clear line
         raise SystemExit(f"fedeval: bad configuration: {e}") from None
     sys.exit(fedfr_eval_main(cfg))

@@ -48,3 +48,18 @@ def test_bad_values_name_the_key(over, key):
 def test_fedreid_runs_ignore_the_fedfr_section():
     cfg = ExperimentConfig.from_dict({"fedfr": {"stage": "nonsense"}})  # not validated unless task=fedfr
     assert cfg.task == "fedreid"
+
+
+def test_evaluation_reads_the_runs_own_config(tmp_path):
+    import json
+
+    from server.fedfr_eval import run_config
+
+    saved = compose_experiment(["experiment=fedfr-demo", "fedfr.public_root=/data/pub", "rounds=2"])
+    (tmp_path / "config.json").write_text(json.dumps(saved.to_dict()))
+    cfg = run_config([f"run_dir={tmp_path}", "fedfr.ijbc_root=/data/ijbc"])
+    assert cfg.run_dir == str(tmp_path.resolve()) and cfg.rounds == 2
+    assert cfg.fedfr.public_root == "/data/pub" and cfg.fedfr.ijbc_root == "/data/ijbc"
+    assert cfg.fedfr.backbone == "sphere4"  # from the run, not from experiment=fedfr
+    fresh = run_config([f"run_dir={tmp_path / 'none'}"])  # no config.json: the paper's experiment
+    assert fresh.fedfr.backbone == "sphere64"
