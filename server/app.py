@@ -49,7 +49,7 @@ class RoundReporter:
         self.strategy_state: Callable[[], dict] = dict  # set by server_fn: what the checkpoint keeps of the strategy
 
     def __call__(self, rnd: int, arrays: list[np.ndarray], site_models: dict | None, rec: RoundRecord) -> dict:
-        row: dict = {"round": rnd, "elapsed_s": round(time.time() - self.t0, 2)}
+        row: dict = {"round": rnd, "elapsed_s": round(time.time() - self.t0, 2), "server_rss_mb": _rss_mb()}
         if rnd > 0:
             row |= {"sampled": rec.sampled, "replied": len(rec.replied), "dropped": len(rec.dropped),
                     "failures": rec.failures, "aggregated": rec.aggregated, "fit_seconds": round(rec.fit_seconds, 2),
@@ -88,6 +88,15 @@ class RoundReporter:
                                config=self.cfg.to_dict())
         self.metrics.plot()
         atomic_json_save({"status": "completed", "rounds": self.cfg.rounds}, self.run_dir / "status.json")
+
+
+def _rss_mb() -> float:
+    """Resident memory of this (ServerApp) process in MB, at the same point of every round."""
+    try:
+        with open("/proc/self/status") as f:
+            return round(next(int(ln.split()[1]) for ln in f if ln.startswith("VmRSS:")) / 1024, 1)
+    except (OSError, StopIteration, ValueError):
+        return 0.0
 
 
 def build_scorer(cfg: ExperimentConfig, manifest: Manifest, run_dir: Path):
