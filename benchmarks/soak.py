@@ -6,6 +6,9 @@ next round runs and restarted ``--down-s`` seconds later (a new Flower node, its
 Reports rounds completed, updates received / dropped (invalid) / lost (no reply), the resident
 memory (RSS) of the coordinator's ServerApp process and of the SuperLink at round 1 and at the
 last round with a least-squares slope per round, and whether the final global model is finite.
+ServerApp RSS is what the process reports at the end of each round (metrics ``server_rss_mb``, the
+same point of every round); the SuperLink's is the smallest of the samples taken during each round
+(its baseline between parameter transfers, which add ~45 MB per message in flight).
 
 The harness supervises the coordinator like a service restart policy would: if fedserver exits
 before the run completed (on an overloaded machine Flower's SuperLink may declare the ServerApp
@@ -68,6 +71,11 @@ def slope(points: dict[int, float]) -> float:
     return float(np.polyfit(x, y, 1)[0])
 
 
+def _mean(points: dict[int, float], lo: int, hi: int) -> float | None:
+    vals = [v for r, v in points.items() if lo <= r <= hi]
+    return round(float(np.mean(vals)), 1) if vals else None
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=50)
@@ -82,8 +90,7 @@ def main() -> None:
             "train.local_expert=false"]
     t0 = time.time()
     kills, restarts = [], []
-    # one {round: MB} per ServerApp / SuperLink process (a new one after each coordinator restart)
-    server_rss: list[dict[int, float]] = [{}]
+    # one {round: MB} per SuperLink process (a new one after each coordinator restart)
     superlink_rss: list[dict[int, float]] = [{}]
     with Federation(root, SITES, over) as fed:
         fed.start_server()
@@ -104,16 +111,14 @@ def main() -> None:
                     fed.kill_site(s)
                     fed.start_site(s)
                 fed.start_server(resume=True)
-                server_rss.append({})
                 superlink_rss.append({})
             rnd = fed.checkpoint_round()
+            pid = find_pid(marker, "flower-superlink")
+            mb = rss_mb(pid) if pid else None
+            if mb is not None and rnd >= 0:  # the minimum over the samples of the round in progress
+                superlink_rss[-1][rnd + 1] = round(min(mb, superlink_rss[-1].get(rnd + 1, mb)), 1)
             if rnd != seen and rnd >= 0:
                 seen = rnd
-                for program, store in (("flwr-serverapp", server_rss[-1]), ("flower-superlink", superlink_rss[-1])):
-                    pid = find_pid(marker, program)
-                    mb = rss_mb(pid) if pid else None
-                    if mb is not None:
-                        store[rnd] = round(mb, 1)
                 if 0 < rnd < a.rounds and rnd % a.kill_every == 0 and rnd not in killed:
                     killed.add(rnd)
                     site = SITES[(rnd // a.kill_every - 1) % len(SITES)]
@@ -125,13 +130,21 @@ def main() -> None:
             time.sleep(0.5)
         code = fed.server.poll()
         rows = [r for r in fed.metrics() if r["round"] > 0]
+        # segments of the ServerApp's own end-of-round RSS, split at the coordinator restarts
+        cuts = [r["after_round"] for r in restarts]
+        server_rss = [{r["round"]: r.get("server_rss_mb") for r in rows
+                       if (i == 0 or r["round"] > cuts[i - 1]) and (i == len(cuts) or r["round"] <= cuts[i])}
+                      for i in range(len(cuts) + 1)]
+        superlink_rss = [{r: v for r, v in seg.items() if r <= a.rounds} for seg in superlink_rss]
         final_path = fed.run_dir / "global_final.pt"
         finite = bool(final_path.is_file() and all(torch.isfinite(v).all() for v in fed.final_arrays().values()))
         db = fed.run_dir / "superlink.db"
         db_mb = round(sum(p.stat().st_size for p in fed.run_dir.glob("superlink.db*")) / 1e6, 2) if db.exists() else None
         states = {s: (fed.site_state(s) or {}).get("rounds_trained") for s in SITES}
     all_server = {r: v for seg in server_rss for r, v in seg.items()}
+    means = {f"serverapp_rss_mb_mean_rounds_{lo}_{hi}": _mean(all_server, lo, hi) for lo, hi in ((5, 15), (40, 50))}
     all_superlink = {r: v for seg in superlink_rss for r, v in seg.items()}
+    means |= {f"superlink_rss_mb_mean_rounds_{lo}_{hi}": _mean(all_superlink, lo, hi) for lo, hi in ((5, 15), (40, 50))}
     last = max(all_server, default=0)
     result = {
         "rounds_requested": a.rounds,
@@ -155,6 +168,7 @@ def main() -> None:
         f"superlink_rss_mb_round{last}": all_superlink.get(last),
         "superlink_rss_slope_mb_per_round": [round(slope({r: v for r, v in seg.items() if i or r >= 5}), 3)
                                              for i, seg in enumerate(superlink_rss)],
+        **means,
         "superlink_state_file_mb": db_mb,
         "final_model_finite": finite,
         "median_round_s": float(np.median([r["fit_seconds"] for r in rows])) if rows else None,
