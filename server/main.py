@@ -21,14 +21,17 @@ from server import admin
 
 USAGE = """usage: fedserver [KEY=VALUE ...] [GROUP=OPTION ...]
 
-Coordinator of a FedReID federation. Starts a Flower SuperLink on `superlink.address`
+Coordinator of a FedReID or FedFR federation. Starts a Flower SuperLink on `superlink.address`
 (one HTTP(S) port: sites connect there, and `flwr run` submits the run there), waits for
 `strategy.min_available_sites` sites (`fedclient --site NAME`), runs `rounds` rounds and leaves
 metrics.json / metrics.csv / curves.png / global_final.pt in `run_dir`. Exits 0 when the run
 completed, 1 otherwise; stops every process it started.
 
-Groups:  experiment=fedreid|demo   model=resnet50|resnet18   strategy=fedreid|fedavg|local
-         privacy=none|noise
+Groups:  experiment=fedreid|demo|fedfr|fedfr-demo   model=resnet50|resnet18
+         strategy=fedreid|fedavg|local   privacy=none|noise
+FedFR:   fedserver experiment=fedfr fedfr.stage=pretrain fedfr.public_root=DIR   (Theta_g^0, Phi_g)
+         fedserver experiment=fedfr fedfr.public_root=DIR sites=[face1,...]      (the federated run)
+         every fedfr.* key is documented in common/fedfr_config.py; sites: fedclient --site face1
 Options: --help (this text), --cfg (print the composed config and exit)
 TLS:     superlink.ca_cert=ca.crt superlink.cert=server.pem superlink.key=server.key
          (plain text needs an explicit superlink.insecure=true and prints a warning)

@@ -32,27 +32,32 @@ class MetricsLog:
         atomic_write_bytes(self.run_dir / "metrics.csv", buf.getvalue().encode())
 
     def plot(self, path: str | Path | None = None) -> Path:
-        """Rank-1 and mAP per target against the round (one panel each)."""
+        """One panel per metric kind present: Rank-1 and mAP per target (Re-ID), TAR@FAR (FedFR)."""
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
 
         path = Path(path or self.run_dir / "curves.png")
-        series = sorted({k for r in self.rows for k in r if k.endswith(("/R1", "/mAP"))})
-        fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-        for ax, kind in zip(axes, ("R1", "mAP")):
-            for key in (s for s in series if s.endswith("/" + kind)):
+        keys = sorted({k for r in self.rows for k in r if "/" in k})
+        panels = [(kind, [k for k in keys if k.endswith("/" + kind)]) for kind in ("R1", "mAP")]
+        panels.append(("TAR@FAR", [k for k in keys if k.split("/")[-1].startswith("TAR@FAR=")]))
+        panels = [(kind, series) for kind, series in panels if series] or [("R1", [])]
+        fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4), squeeze=False)
+        for ax, (kind, series) in zip(axes[0], panels):
+            for key in series:
                 pts = [(r["round"], r[key]) for r in self.rows if key in r]
                 if pts:
                     xs, ys = zip(*pts)
+                    label = key.split("/")[-1] if kind == "TAR@FAR" else key.split("/")[0]
                     ax.plot(xs, [100 * y for y in ys], marker="o", lw=2.5 if key.startswith("mean/") else 1.2,
-                            label=key.split("/")[0])
+                            label=label)
             ax.set_xlabel("round")
             ax.set_ylabel(f"{kind} (%)")
-            ax.set_title(f"{kind} of the global embedding on unseen domains")
+            ax.set_title(f"{kind} of the global model per round")
             ax.grid(alpha=0.3)
-            ax.legend(fontsize=8)
+            if series:
+                ax.legend(fontsize=8)
         fig.tight_layout()
         buf = io.BytesIO()
         fig.savefig(buf, format="png", dpi=100)
