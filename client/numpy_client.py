@@ -143,8 +143,8 @@ class FedReIDClient(NumPyClient):
 
     def _optimizers(self, model, expert, st, server_round):
         t = self.cfg.train
-        kw = dict(lr_embedding=t.lr_embedding, lr_head=t.lr_head, momentum=t.momentum, nesterov=t.nesterov,
-                  weight_decay=t.weight_decay)
+        kw = {"lr_embedding": t.lr_embedding, "lr_head": t.lr_head, "momentum": t.momentum, "nesterov": t.nesterov,
+              "weight_decay": t.weight_decay}
         opt = make_optimizer(model, **kw)
         eopt = make_optimizer(expert, **kw) if expert is not None else None
         if st is not None and st.optimizer is not None:

@@ -24,8 +24,8 @@ class ReIDEvaluator:
                  batch_size: int = 128, flip: bool = False, normalize: bool = True, metric: str = "cosine",
                  max_rank: int = 10, progress: bool = False):
         self.targets = targets
-        self.kw = dict(height=height, width=width, device=device, batch_size=batch_size, flip=flip,
-                       normalize=normalize)
+        self.kw = {"height": height, "width": width, "device": device, "batch_size": batch_size, "flip": flip,
+                   "normalize": normalize}
         self.metric = metric
         self.max_rank = max_rank
         self.progress = progress

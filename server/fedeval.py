@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import sys
 from pathlib import Path
 from typing import Any

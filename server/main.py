@@ -202,7 +202,7 @@ def main(argv: list[str] | None = None) -> None:
             cfg = resume_config(resume[0].partition("=")[2], [a for a in args if a not in resume])
         else:
             cfg = compose_experiment(args)
-    except Exception as e:  # hydra and validation errors: one clear line, no traceback
+    except Exception as e:  # noqa: BLE001 -- hydra and validation errors: one clear line, no traceback
         raise SystemExit(f"fedserver: bad configuration: {e}") from None
     if show:
         print(json.dumps(cfg.to_dict(), indent=2))

@@ -77,7 +77,7 @@ def test_zero_beta_adds_nothing_and_integers_untouched():
     counter = np.array([5], np.int64)
     rng = np.random.default_rng(0)
     before = rng.bit_generator.state
-    y, c = add_white_noise([x, counter], 0.0, rng)
+    y, _ = add_white_noise([x, counter], 0.0, rng)
     np.testing.assert_array_equal(y, x)
     assert rng.bit_generator.state == before  # no random numbers consumed
     y2, c2 = add_white_noise([x, counter], 0.5, np.random.default_rng(0))

@@ -49,7 +49,7 @@ def test_fedeval_table_and_numbers(setup, capsys):
     # independent computation: per split, features -> distance -> evaluate_rank, then the mean
     splits = load_splits(out / "splits" / "viper_splits.json")
     assert len(splits) == 3
-    kw = dict(height=cfg.model.height, width=cfg.model.width, device=torch.device("cpu"))
+    kw = {"height": cfg.model.height, "width": cfg.model.width, "device": torch.device("cpu")}
     r1, ap = [], []
     for s in splits:
         assert len(s.query) == 5 and len({r.pid for r in s.query}) == 5  # half of 10 ids, one query each

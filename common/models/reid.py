@@ -80,11 +80,11 @@ def load_imagenet_weights(net: nn.Module, source: str) -> None:
         arch = type(net).__name__
         for c in candidates:
             state = torch.load(c, map_location="cpu", weights_only=True)
-            if state.get("fc.weight") is not None and state["fc.weight"].shape[1] == net.fc.in_features:
-                if _compatible(net, state):
-                    net.load_state_dict(state)
-                    raise_missing = False
-                    break
+            fits = state.get("fc.weight") is not None and state["fc.weight"].shape[1] == net.fc.in_features
+            if fits and _compatible(net, state):
+                net.load_state_dict(state)
+                raise_missing = False
+                break
         if raise_missing:
             raise FileNotFoundError(
                 f"model.pretrained=torchvision: no compatible {arch} ImageNet file in {hub}; "
