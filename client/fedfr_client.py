@@ -69,7 +69,8 @@ class FedFRClient(NumPyClient):
             torch.set_num_threads(self.cfg.train.threads)
         seed_everything(stable_seed(self.cfg.seed, self.s.site, rnd))
         st = load_fedfr_state(self.state_dir, site=self.s.site, manifest_hash=self.manifest.hash,
-                              public_hash=self.public.identity_hash(), num_local=self.data.num_identities)
+                              public_hash=self.public.identity_hash(), num_local=self.data.num_identities,
+                              before_round=rnd)  # a round replayed after a coordinator resume
         model = self._model()
         prev_backbone = None
         if st is not None and st.model is not None:

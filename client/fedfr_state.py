@@ -4,6 +4,10 @@
 backbone Theta_l (the next round's "previous model" of the contrastive loss, and the
 personalised model's backbone), Phi, W_l and the DFC branch (Pi, Omega, b); the optimizer state;
 this round's hard-negative indices; and a per-round history. Nothing here is ever sent.
+
+As for the Re-ID site (``client/state.py``), the state the last round started from is kept in
+``fedfr_state.prev.pt``: a coordinator resumed after round k asks for round k+1 again, and the site
+starts it from the newest state with ``last_round < k+1``, exactly as the first time.
 """
 
 from __future__ import annotations
@@ -14,9 +18,11 @@ from typing import Any
 
 import numpy as np
 
-from common.checkpoint import atomic_torch_save, torch_load
+from client.state import pick_versioned, save_versioned
+from common.checkpoint import torch_load
 
 STATE_FILE = "fedfr_state.pt"
+PREV_FILE = "fedfr_state.prev.pt"
 
 
 @dataclass
@@ -38,10 +44,12 @@ def state_path(state_dir: str | Path) -> Path:
 
 
 def load_fedfr_state(state_dir: str | Path, *, site: str | None = None, manifest_hash: str | None = None,
-                     public_hash: str | None = None, num_local: int | None = None) -> FedFRSiteState | None:
-    """The saved state, or None on a first start; a state of another site/model/data is an error."""
-    path = state_path(state_dir)
-    if not path.is_file():
+                     public_hash: str | None = None, num_local: int | None = None,
+                     before_round: int | None = None) -> FedFRSiteState | None:
+    """The newest saved state (with ``last_round < before_round`` when given), or None on a first
+    start; a state of another site/model/data is an error."""
+    path = pick_versioned(Path(state_dir).expanduser(), before_round, STATE_FILE, PREV_FILE)
+    if path is None:
         return None
     st = FedFRSiteState(**torch_load(path))
     for what, found, expected in (("site", st.site, site), ("model manifest", st.manifest_hash, manifest_hash),
@@ -56,6 +64,4 @@ def load_fedfr_state(state_dir: str | Path, *, site: str | None = None, manifest
 
 
 def save_fedfr_state(state_dir: str | Path, st: FedFRSiteState) -> Path:
-    path = state_path(state_dir)
-    atomic_torch_save(st.__dict__, path)
-    return path
+    return save_versioned(st.__dict__, state_dir, STATE_FILE, PREV_FILE)

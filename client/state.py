@@ -52,7 +52,7 @@ def load_state(state_dir: str | Path, *, site: str, manifest_hash: str, num_clas
 
     A state of another site/model/data is an error.
     """
-    path = _pick(Path(state_dir).expanduser(), before_round)
+    path = pick_versioned(Path(state_dir).expanduser(), before_round, STATE_FILE, PREV_FILE)
     if path is None:
         return None
     raw = torch_load(path)
@@ -71,16 +71,22 @@ def load_state(state_dir: str | Path, *, site: str, manifest_hash: str, num_clas
 
 
 def save_state(state_dir: str | Path, st: SiteState) -> Path:
-    """Write ``st`` as the current state; the current one becomes the previous if it is older.
+    return save_versioned(st.__dict__, state_dir, STATE_FILE, PREV_FILE)
 
-    A current state of round >= ``st.last_round`` was trained in a round the coordinator lost (it
-    died and resumed): it is replaced, and the previous file (the state this round started from)
+
+def save_versioned(state: dict[str, Any], state_dir: str | Path, current: str, previous: str) -> Path:
+    """Write ``state`` (a dict with ``last_round``) as the current file; the current one becomes the
+    previous if it is older.
+
+    A current state of round >= ``state["last_round"]`` was trained in a round the coordinator lost
+    (it died and resumed): it is replaced, and the previous file (the state this round started from)
     stays. Each step is atomic: a crash between them leaves the previous file as the newest state.
     """
-    cur = state_path(state_dir)
-    if cur.is_file() and _last_round(cur) < st.last_round:
-        os.replace(cur, cur.with_name(PREV_FILE))
-    atomic_torch_save(st.__dict__, cur)
+    cur = Path(state_dir).expanduser() / current
+    cur.parent.mkdir(parents=True, exist_ok=True)
+    if cur.is_file() and _last_round(cur) < state["last_round"]:
+        os.replace(cur, cur.with_name(previous))
+    atomic_torch_save(state, cur)
     return cur
 
 
@@ -89,9 +95,9 @@ def _last_round(path: Path) -> int:
     return int(torch.load(path, map_location="cpu", mmap=True, weights_only=False)["last_round"])
 
 
-def _pick(state_dir: Path, before_round: int | None) -> Path | None:
-    """The newest of current/previous state files whose round is before ``before_round``."""
-    for path in (state_dir / STATE_FILE, state_dir / PREV_FILE):
+def pick_versioned(state_dir: Path, before_round: int | None, current: str, previous: str) -> Path | None:
+    """The newest of the current/previous state files whose round is before ``before_round``."""
+    for path in (state_dir / current, state_dir / previous):
         if not path.is_file():
             continue
         if before_round is None:

@@ -120,6 +120,20 @@ def strategy_settings(cfg: ExperimentConfig) -> dict:
             "client_noise": cfg.privacy.client_noise, "seed": cfg.seed, "wait_for_sites_s": cfg.wait_for_sites_s}
 
 
+def resume_checkpoint(cfg: ExperimentConfig, manifest: Manifest) -> ServerCheckpoint | None:
+    """``fedserver resume=RUN_DIR`` (both tasks): the checkpoint to continue after, its RNG states
+    restored; None for a fresh run. A checkpoint of another model is an error."""
+    if not cfg.resume_from:
+        return None
+    ck = load_server_checkpoint(cfg.resume_from)
+    if ck.manifest_hash != manifest.hash or ck.keys != list(manifest.keys):
+        raise ValueError(f"checkpoint {cfg.resume_from} holds manifest {ck.manifest_hash}, this model config "
+                         f"gives {manifest.hash}: resume with the run's own config.json")
+    restore_rng(ck.rng)
+    log.info("resuming after round %d of %d from %s", ck.round, cfg.rounds, cfg.resume_from)
+    return ck
+
+
 def server_fn(context: Context) -> ServerAppComponents:
     setup_logging("fedserver")
     cfg = ExperimentConfig.from_json(str(context.run_config.get("experiment-json", "{}")))
@@ -133,14 +147,9 @@ def server_fn(context: Context) -> ServerAppComponents:
     manifest = expected_manifest(cfg)
     model = model_for(cfg, 1)
     initial = get_shared(model, manifest)
-    ck = load_server_checkpoint(cfg.resume_from) if cfg.resume_from else None
-    if ck is not None:  # fedserver resume=RUN_DIR: continue after round ck.round
-        if ck.manifest_hash != manifest.hash or ck.keys != list(manifest.keys):
-            raise ValueError(f"checkpoint {cfg.resume_from} holds manifest {ck.manifest_hash}, this model config "
-                             f"gives {manifest.hash}: resume with the run's own config.json")
+    ck = resume_checkpoint(cfg, manifest)
+    if ck is not None:
         initial = ck.arrays
-        restore_rng(ck.rng)
-        log.info("resuming after round %d of %d from %s", ck.round, cfg.rounds, cfg.resume_from)
     reporter = RoundReporter(cfg, build_scorer(cfg, manifest, run_dir), list(manifest.keys), manifest.hash,
                              metrics_rows=ck.metrics if ck else None, elapsed_s=ck.elapsed_s if ck else 0.0)
     log.info("FedReID run: %d rounds, %d sites, S=%s, beta=%s, mode=%s, shared %s", cfg.rounds, len(cfg.sites),

@@ -3,7 +3,9 @@
 Starts from the pre-trained generic model [Theta_g^0, Phi_g] (``fedserver ... fedfr.stage=pretrain``),
 aggregates with :class:`FedFRStrategy` (Eq. 2/4) and reports every round with the same
 ``RoundReporter`` as FedReID (metrics.json/csv, global_latest.pt / global_final.pt, status.json),
-evaluating the generic model on ``fedfr.ijbc_root`` when set.
+evaluating the generic model on ``fedfr.ijbc_root`` when set. ``fedserver resume=RUN_DIR`` continues
+a FedFR run as it does a FedReID one (``server/resume.py``); the sites keep the state their
+replayed round starts from (``client/fedfr_state.py``).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from common.config import ExperimentConfig
 from common.models.fedfr import expected_fedfr_manifest
 from common.params import get_shared
 from common.seeding import seed_everything
-from server.app import RoundReporter, strategy_settings
+from server.app import RoundReporter, resume_checkpoint, strategy_settings
 from server.fedfr_eval import GenericEvaluator
 from server.fedfr_pretrain import load_pretrained, pretrained_path
 from server.fedfr_strategy import FedFRStrategy
@@ -33,10 +35,15 @@ def build_fedfr_components(cfg: ExperimentConfig) -> ServerAppComponents:
     model, ckpt = load_pretrained(pretrained_path(cfg), cfg.fedfr)
     manifest = expected_fedfr_manifest(cfg.fedfr, model.num_public)
     initial = get_shared(model, manifest)  # Theta_g^0 and Phi_g
+    ck = resume_checkpoint(cfg, manifest)  # fedserver resume=RUN_DIR: continue after round ck.round
+    done = ck.round if ck else 0
+    if ck is not None:
+        initial = ck.arrays
     evaluator = None
     if cfg.fedfr.ijbc_root and cfg.eval.every > 0:
         evaluator = GenericEvaluator(cfg, model.num_public, torch.device(cfg.eval.device))
-    reporter = RoundReporter(cfg, evaluator, list(manifest.keys), manifest.hash)
+    reporter = RoundReporter(cfg, evaluator, list(manifest.keys), manifest.hash,
+                             metrics_rows=ck.metrics if ck else None, elapsed_s=ck.elapsed_s if ck else 0.0)
     log.info("FedFR run: %d rounds, %d sites, K_g=%d public identities, shared %s", cfg.rounds, len(cfg.sites),
              model.num_public, manifest.describe())
     strategy = FedFRStrategy(
@@ -45,7 +52,11 @@ def build_fedfr_components(cfg: ExperimentConfig) -> ServerAppComponents:
         **strategy_settings(cfg),
         fit_config={"public_hash": ckpt["public_hash"]},  # sites check they mine the same public identities
         on_round_end=reporter,
+        round_offset=done,
     )
-    atomic_json_save({"status": "running", "rounds": cfg.rounds}, run_dir / "status.json")
+    if ck is not None:
+        strategy.restore_state(ck.strategy)
+    reporter.strategy_state = strategy.checkpoint_state
+    atomic_json_save({"status": "running", "rounds": cfg.rounds, "resumed_after": done}, run_dir / "status.json")
     return ServerAppComponents(strategy=strategy,
-                               config=ServerConfig(num_rounds=cfg.rounds, round_timeout=cfg.round_timeout_s))
+                               config=ServerConfig(num_rounds=cfg.rounds - done, round_timeout=cfg.round_timeout_s))

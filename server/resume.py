@@ -122,8 +122,9 @@ def resume_config(run_dir: str | Path, overrides: list[str] | None = None) -> Ex
         _set_dotted(d, key, yaml.safe_load(value))
     d["run_dir"] = str(run_dir)  # the folder given, also when it was moved since
     cfg = ExperimentConfig.from_dict(d)
-    if cfg.task != "fedreid":
-        raise ValueError(f"resume supports task=fedreid runs; {path} is a task={cfg.task} run")
+    if cfg.task == "fedfr" and cfg.fedfr.stage != "train":
+        raise ValueError(f"{path} is a FedFR pre-training (fedfr.stage={cfg.fedfr.stage}); only federated runs "
+                         "resume: run the pre-training again")
     ck = run_dir / CHECKPOINT
     cfg.resume_from = str(ck) if ck.is_file() else ""
     return cfg

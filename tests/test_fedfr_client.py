@@ -148,3 +148,21 @@ def test_mismatched_model_or_public_data_is_refused(world, tmp_path):
         c.fit(global_arrays(cfg, PUBLIC, 0), {"server_round": 1, "manifest_hash": "other"})
     with pytest.raises(ValueError, match="public identities"):
         c.fit(global_arrays(cfg, PUBLIC, 0), {**conf(cfg, 1), "public_hash": "0" * 16})
+
+
+def test_a_round_replayed_after_a_coordinator_resume_starts_from_the_state_before_it(world, tmp_path):
+    """The coordinator died after the site trained round 2 and resumed after round 1: round 2 is
+    asked again and must start from the round-1 state (the previous file), giving the same update."""
+    cfg = tiny_fedfr_config(world, tmp_path)
+    c = FedFRClient(cfg, settings(world, tmp_path, "face1"))
+    c.fit(global_arrays(cfg, PUBLIC, 1), conf(cfg, 1))
+    g2 = global_arrays(cfg, PUBLIC, 2)
+    first, _, _ = c.fit(g2, conf(cfg, 2))
+    assert load_fedfr_state(tmp_path / "face1").last_round == 2
+    assert load_fedfr_state(tmp_path / "face1", before_round=2).last_round == 1  # kept for a replay
+    again, _, _ = c.fit(g2, conf(cfg, 2))
+    for a, b in zip(first, again):
+        np.testing.assert_array_equal(a, b)
+    st = load_fedfr_state(tmp_path / "face1")
+    assert (st.last_round, st.rounds_trained) == (2, 2)  # the replay replaced the lost round, not added one
+    assert [h["round"] for h in st.history] == [1, 2]
