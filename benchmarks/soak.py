@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import sys
 import tempfile
@@ -79,12 +80,19 @@ def _mean(points: dict[int, float], lo: int, hi: int) -> float | None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=50)
-    ap.add_argument("--kill-every", type=int, default=10)
+    ap.add_argument("--kill-every", type=int, default=10, help="0: no site is killed (the baseline)")
     ap.add_argument("--down-s", type=float, default=5.0, help="seconds a killed site stays down")
     ap.add_argument("--round-timeout", type=int, default=240)
     ap.add_argument("--max-restarts", type=int, default=5, help="coordinator resumes before giving up")
     ap.add_argument("--keep", help="keep the run folder here (default: a temporary folder, removed)")
+    ap.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
+                    help="environment of every process of the federation, e.g. MALLOC_ARENA_MAX=2")
     a = ap.parse_args()
+    for item in a.env:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            ap.error(f"--env expects KEY=VALUE, found {item!r}")
+        os.environ[key] = value  # inherited by fedserver, the SuperLink, the ServerApp and the sites
     root = Path(a.keep) if a.keep else Path(tempfile.mkdtemp(prefix="soak_"))
     over = [f"rounds={a.rounds}", "strategy.min_fit_sites=1", f"round_timeout_s={a.round_timeout}",
             "train.local_expert=false"]
@@ -119,7 +127,7 @@ def main() -> None:
                 superlink_rss[-1][rnd + 1] = round(min(mb, superlink_rss[-1].get(rnd + 1, mb)), 1)
             if rnd != seen and rnd >= 0:
                 seen = rnd
-                if 0 < rnd < a.rounds and rnd % a.kill_every == 0 and rnd not in killed:
+                if a.kill_every > 0 and 0 < rnd < a.rounds and rnd % a.kill_every == 0 and rnd not in killed:
                     killed.add(rnd)
                     site = SITES[(rnd // a.kill_every - 1) % len(SITES)]
                     time.sleep(3)  # the next round has been sent: the site dies in it
@@ -142,9 +150,10 @@ def main() -> None:
         db_mb = round(sum(p.stat().st_size for p in fed.run_dir.glob("superlink.db*")) / 1e6, 2) if db.exists() else None
         states = {s: (fed.site_state(s) or {}).get("rounds_trained") for s in SITES}
     all_server = {r: v for seg in server_rss for r, v in seg.items()}
-    means = {f"serverapp_rss_mb_mean_rounds_{lo}_{hi}": _mean(all_server, lo, hi) for lo, hi in ((5, 15), (40, 50))}
+    windows = ((5, 15), (a.rounds - 10, a.rounds))  # after start-up vs the last 11 rounds
+    means = {f"serverapp_rss_mb_mean_rounds_{lo}_{hi}": _mean(all_server, lo, hi) for lo, hi in windows}
     all_superlink = {r: v for seg in superlink_rss for r, v in seg.items()}
-    means |= {f"superlink_rss_mb_mean_rounds_{lo}_{hi}": _mean(all_superlink, lo, hi) for lo, hi in ((5, 15), (40, 50))}
+    means |= {f"superlink_rss_mb_mean_rounds_{lo}_{hi}": _mean(all_superlink, lo, hi) for lo, hi in windows}
     last = max(all_server, default=0)
     result = {
         "rounds_requested": a.rounds,
@@ -156,6 +165,7 @@ def main() -> None:
         "updates_dropped_invalid": sum(r["dropped"] for r in rows),
         "updates_lost_no_reply": sum(r["failures"] for r in rows),
         "rounds_with_a_lost_update": [r["round"] for r in rows if r["failures"]],
+        "environment": a.env,
         "kills": kills,
         "coordinator_restarts": restarts,
         "site_rounds_trained": states,
