@@ -11,14 +11,23 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+MALLOC_ARENA_MAX = "2"
+
 
 def tool_env(flwr_home: str | Path | None = None, extra: dict[str, str] | None = None) -> dict[str, str]:
     """Environment for Flower's executables: this interpreter's bin folder first on PATH.
 
     The SuperLink and SuperNode start helper executables (``flower-superexec``,
     ``flwr-serverapp``, ``flwr-clientapp``) by name; they live beside this Python.
+
+    ``MALLOC_ARENA_MAX`` defaults to 2 (a value already in the environment wins): glibc otherwise
+    gives each of the many gRPC/HTTP threads its own heap arena, and the freed space of ~45-94 MB
+    parameter messages stays scattered over them. Measured with ``benchmarks/soak.py`` (30 rounds,
+    no faults): SuperLink 294 -> 165 MB, ServerApp 2020 -> 1724 MB, and both flat from round to
+    round instead of drifting by +-150 MB.
     """
     env = dict(os.environ)
+    env.setdefault("MALLOC_ARENA_MAX", MALLOC_ARENA_MAX)
     bindir = str(Path(sys.executable).parent)
     env["PATH"] = bindir + os.pathsep + env.get("PATH", "")
     env.setdefault("PYTHONUNBUFFERED", "1")
