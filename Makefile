@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.install-stamp
 
-.PHONY: install demo demo-fedfr test lint bench clean help
+.PHONY: install demo demo-fedfr test lint bench soak clean help
 
 help:
 	@echo "make install   create $(VENV) and install the project (torch, flwr, ...) from pyproject.toml"
@@ -12,6 +12,7 @@ help:
 	@echo "make demo-fedfr  FedFR: pretrain + federation + generic/personalised evaluation (CPU)"
 	@echo "make test      the test suite"
 	@echo "make bench     benchmarks (JSON on stdout)"
+	@echo "make soak      reliability soak: 50 rounds, a site killed every 10 (about 40 min)"
 	@echo "make compose-up / compose-down   the federation in docker compose (GPU=1 for CUDA)"
 
 install: $(STAMP)
@@ -34,6 +35,10 @@ lint: install
 bench: install
 	$(BIN)/python benchmarks/round_overhead.py
 	$(BIN)/python benchmarks/reid_metric.py
+	$(BIN)/python benchmarks/verification.py
+
+soak: install
+	$(BIN)/python benchmarks/soak.py
 
 clean:
 	rm -rf runs .pytest_cache
