@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -110,7 +111,14 @@ def check_targets(cfg: ExperimentConfig) -> None:
             raise SystemExit(f"fedserver: evaluation target {name!r}: {e}") from None
 
 
+def _exit_on_signal(signum: int, frame) -> None:
+    raise SystemExit(128 + signum)  # unwinds through run()'s finally, which stops the SuperLink
+
+
 def run(cfg: ExperimentConfig, *, resume: bool = False) -> int:
+    # SIGTERM (docker stop, systemd, a supervisor) must stop what fedserver started: the SuperLink
+    # runs in its own process group and would otherwise outlive it
+    signal.signal(signal.SIGTERM, _exit_on_signal)
     if cfg.task == "fedfr" and cfg.fedfr.stage == "pretrain":  # FedFR generic model Theta_g^0, Phi_g: no sites
         from server.fedfr_pretrain import pretrain_main
 

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
+import os
 import shutil
+import signal
 import ssl
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -20,6 +23,7 @@ from common import processes, security
 from common.compose import compose_experiment
 from server.admin import certs_main, register_site_keys, register_site_main, site_key_files
 from server.main import build_superlink_cmd
+from tests.procutil import processes_mentioning
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -228,10 +232,19 @@ def test_fedserver_plain_text_warns(tmp_path):
     proc = processes.start([sys.executable, "-m", "server.main", "experiment=demo", f"run_dir={tmp_path / 'run'}",
                             "superlink.insecure=true", f"superlink.address=127.0.0.1:{port}", "wait_for_sites_s=30"],
                            processes.tool_env(), log_path=log, cwd=REPO)
+    marker = str(tmp_path / "run" / "flwr_home" / "superlink")
     try:
         processes.wait_for_port("127.0.0.1", port, 60, proc)
+        assert processes_mentioning(marker)  # the SuperLink fedserver started
     finally:
-        processes.stop(proc, grace_s=10)
+        processes.stop(proc, grace_s=10)  # SIGTERM to fedserver's group only
+    deadline = time.monotonic() + 20
+    while processes_mentioning(marker) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    leftover = processes_mentioning(marker)
+    for pid in leftover:  # never leave one behind, also when the assertion below fails
+        os.kill(pid, signal.SIGKILL)
+    assert not leftover, "fedserver left its SuperLink running after SIGTERM"
     text = log.read_text()
     assert "WARNING: superlink.insecure=true: site traffic is NOT encrypted" in text
     assert "SuperNode authentication is disabled" in (tmp_path / "run" / "superlink.log").read_text()
