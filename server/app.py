@@ -163,11 +163,19 @@ def server_fn(context: Context) -> ServerAppComponents:
         on_round_end=reporter,
         round_offset=ck.round if ck else 0,
     )
+    return run_components(cfg, strategy, reporter, ck)
+
+
+def run_components(cfg: ExperimentConfig, strategy: FedReIDStrategy, reporter: RoundReporter,
+                   ck: ServerCheckpoint | None) -> ServerAppComponents:
+    """The common end of both tasks' ServerApp setup: a resumed strategy gets its state back, the
+    reporter checkpoints the strategy's state every round, and the rounds left are run."""
     if ck is not None:
         strategy.restore_state(ck.strategy)
     reporter.strategy_state = strategy.checkpoint_state
     done = ck.round if ck else 0
-    atomic_json_save({"status": "running", "rounds": cfg.rounds, "resumed_after": done}, Path(run_dir) / "status.json")
+    atomic_json_save({"status": "running", "rounds": cfg.rounds, "resumed_after": done},
+                     cfg.resolved_run_dir() / "status.json")
     return ServerAppComponents(
         strategy=strategy, config=ServerConfig(num_rounds=cfg.rounds - done, round_timeout=cfg.round_timeout_s)
     )

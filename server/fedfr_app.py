@@ -13,14 +13,13 @@ from __future__ import annotations
 import logging
 
 import torch
-from flwr.server import ServerAppComponents, ServerConfig
+from flwr.server import ServerAppComponents
 
-from common.checkpoint import atomic_json_save
 from common.config import ExperimentConfig
 from common.models.fedfr import expected_fedfr_manifest
 from common.params import get_shared
 from common.seeding import seed_everything
-from server.app import RoundReporter, resume_checkpoint, strategy_settings
+from server.app import RoundReporter, resume_checkpoint, run_components, strategy_settings
 from server.fedfr_eval import GenericEvaluator
 from server.fedfr_pretrain import load_pretrained, pretrained_path
 from server.fedfr_strategy import FedFRStrategy
@@ -36,7 +35,6 @@ def build_fedfr_components(cfg: ExperimentConfig) -> ServerAppComponents:
     manifest = expected_fedfr_manifest(cfg.fedfr, model.num_public)
     initial = get_shared(model, manifest)  # Theta_g^0 and Phi_g
     ck = resume_checkpoint(cfg, manifest)  # fedserver resume=RUN_DIR: continue after round ck.round
-    done = ck.round if ck else 0
     if ck is not None:
         initial = ck.arrays
     evaluator = None
@@ -52,11 +50,6 @@ def build_fedfr_components(cfg: ExperimentConfig) -> ServerAppComponents:
         **strategy_settings(cfg),
         fit_config={"public_hash": ckpt["public_hash"]},  # sites check they mine the same public identities
         on_round_end=reporter,
-        round_offset=done,
+        round_offset=ck.round if ck else 0,
     )
-    if ck is not None:
-        strategy.restore_state(ck.strategy)
-    reporter.strategy_state = strategy.checkpoint_state
-    atomic_json_save({"status": "running", "rounds": cfg.rounds, "resumed_after": done}, run_dir / "status.json")
-    return ServerAppComponents(strategy=strategy,
-                               config=ServerConfig(num_rounds=cfg.rounds - done, round_timeout=cfg.round_timeout_s))
+    return run_components(cfg, strategy, reporter, ck)

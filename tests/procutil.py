@@ -37,3 +37,15 @@ def kill_all(proc: subprocess.Popen | None, marker: str) -> None:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+
+def run_to_end(cmd: list[str], *, cwd: Path, marker: str, timeout_s: float) -> tuple[int, str]:
+    """Run ``cmd`` in its own session to its end (at most ``timeout_s``) and return (exit code,
+    stdout+stderr); afterwards kill whatever it left that mentions ``marker``, also on a timeout."""
+    proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        output, _ = proc.communicate(timeout=timeout_s)
+    finally:
+        kill_all(proc, marker)
+    return proc.returncode, output

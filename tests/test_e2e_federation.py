@@ -1,7 +1,6 @@
 """End to end: a real SuperLink and two real SuperNodes on loopback run 2 FedReID rounds."""
 
 import json
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -9,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.procutil import kill_all, processes_mentioning
+from tests.procutil import processes_mentioning, run_to_end
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -21,13 +20,8 @@ def test_two_sites_two_rounds(tmp_path):
            "--train-ids", "4", "--images-per-id", "4", "--target-ids", "3", "--timeout", "420", "--site-layouts", "real",
            "rounds=2", "model.height=32", "model.width=16", "train.batch_size=4", "train.max_steps_per_epoch=1",
            "wait_for_sites_s=120", "round_timeout_s=180"]
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
-    try:
-        output, _ = proc.communicate(timeout=480)
-    finally:
-        kill_all(proc, str(tmp_path))
-    assert proc.returncode == 0, output[-4000:]
+    code, output = run_to_end(cmd, cwd=REPO, marker=str(tmp_path), timeout_s=480)
+    assert code == 0, output[-4000:]
     rows = json.loads((out / "metrics.json").read_text())
     assert [r["round"] for r in rows] == [0, 1, 2]
     for r in rows[1:]:

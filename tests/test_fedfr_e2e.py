@@ -1,7 +1,6 @@
 """End to end: pre-training, a real SuperLink + 2 real FedFR sites for 1 round, then the evaluation."""
 
 import json
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -9,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.procutil import kill_all, processes_mentioning
+from tests.procutil import processes_mentioning, run_to_end
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -23,13 +22,8 @@ def test_fedfr_two_sites_one_round(tmp_path):
            "rounds=1", "fedfr.embedding_dim=16", "fedfr.pretrain_epochs=1", "fedfr.pretrain_batch_size=8",
            "fedfr.local_epochs=1", "fedfr.batch_size=4", "eval.batch_size=32", "wait_for_sites_s=120",
            "round_timeout_s=180"]
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
-    try:
-        output, _ = proc.communicate(timeout=540)
-    finally:
-        kill_all(proc, str(tmp_path))
-    assert proc.returncode == 0, output[-4000:]
+    code, output = run_to_end(cmd, cwd=REPO, marker=str(tmp_path), timeout_s=540)
+    assert code == 0, output[-4000:]
     pre = torch.load(out / "pretrained.pt", weights_only=False)
     assert pre["public_proxies"].shape == (6, 16) and len(pre["public_identities"]) == 6
     rows = json.loads((out / "metrics.json").read_text())
