@@ -131,8 +131,11 @@ def personalised_metrics(models: Sequence[nn.Module] | nn.Module, sites: list[Ev
 def site_models(sites: list[EvalSite], f: FedFRConfig, num_public: int) -> tuple[list, list] | None:
     """Each site's [Theta_l] and [Theta_l, Pi_l] from its saved state (None if a site has none)."""
     local, personal = [], []
+    manifest_hash = expected_fedfr_manifest(f, num_public).hash
     for s in sites:
-        st = load_fedfr_state(s.state_dir, site=s.name)
+        # a state of another model or another number of identities is a clear error, not a shape mismatch
+        st = load_fedfr_state(s.state_dir, site=s.name, manifest_hash=manifest_hash,
+                              num_local=s.data.num_identities)
         if st is None or st.model is None:
             print(f"fedeval: site {s.name} has no FedFR state in {s.state_dir}: no personalised rows", flush=True)
             return None

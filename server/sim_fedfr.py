@@ -8,13 +8,14 @@
 4. the FedFR evaluation (``server.fedfr_eval.fedfr_eval_main``): generic (IJB-C style) and
    personalised tables in the run folder.
 
-    python -m server.sim_fedfr [--out runs/fedfr-demo] [--sites face1 face2 face3] [HYDRA_OVERRIDES...]
+    python -m server.sim_fedfr [--out runs/fedfr-demo] [--sites face1 face2 face3 face4] [HYDRA_OVERRIDES...]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import signal
 import subprocess
 import sys
@@ -26,10 +27,25 @@ from common.compose import REPO_ROOT, compose_experiment
 from common.datasets.face_split import plan_split, read_identities, write_split
 from common.datasets.synthetic_faces import write_identity_folders, write_ijbc_layout
 
+DATA_PARAMS = ("public_ids", "public_images", "ids_per_site", "train", "test", "ijbc_subjects", "size", "seed")
+
 
 def write_data(data: Path, sites: list[str], a: argparse.Namespace) -> dict[str, Path]:
-    """Synthetic source set -> split (public + sites) and an IJB-C-style set; skipped if already there."""
-    if not (data / ".complete").exists():
+    """Synthetic source set -> split (public + sites) and an IJB-C-style set.
+
+    Skipped when ``data`` already holds the set of these very parameters (``.complete`` records
+    them); a set written with other parameters (an older demo, other counts) is rewritten.
+    """
+    params = {"sites": sites, **{k: getattr(a, k) for k in DATA_PARAMS}}
+    marker = data / ".complete"
+    try:
+        done = json.loads(marker.read_text()) == params
+    except (OSError, ValueError):
+        done = False
+    if not done:
+        for sub in ("public", "source", "split", "ijbc"):
+            shutil.rmtree(data / sub, ignore_errors=True)
+        marker.unlink(missing_ok=True)
         # public identities 0..K_g-1, the sites' people K_g.., the IJB-C-style subjects after them
         write_identity_folders(data / "public", a.public_ids, a.public_images, size=a.size, seed=a.seed)
         n_site_ids = len(sites) * a.ids_per_site
@@ -41,7 +57,7 @@ def write_data(data: Path, sites: list[str], a: argparse.Namespace) -> dict[str,
         write_split(plan, data / "split")
         write_ijbc_layout(data / "ijbc", a.ijbc_subjects, size=a.size, seed=a.seed,
                           first_identity=a.public_ids + n_site_ids)
-        (data / ".complete").touch()
+        marker.write_text(json.dumps(params))
     return {"public": data / "public", "ijbc": data / "ijbc",
             **{s: data / "split" / "clients" / s for s in sites}}
 
@@ -50,12 +66,12 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m server.sim_fedfr", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default="runs/fedfr-demo", help="run folder (data/, state/, logs, outputs)")
-    p.add_argument("--sites", nargs="+", default=["face1", "face2", "face3"], help="site names (conf/site/*.yaml)")
+    p.add_argument("--sites", nargs="+", default=["face1", "face2", "face3", "face4"], help="site names (conf/site/*.yaml)")
     p.add_argument("--public-ids", type=int, default=100, help="K_g public identities")
     p.add_argument("--public-images", type=int, default=20, help="images per public identity")
-    p.add_argument("--ids-per-site", type=int, default=20, help="K_l identities per site")
+    p.add_argument("--ids-per-site", type=int, default=15, help="K_l identities per site")
     p.add_argument("--train", type=int, default=60, help="train images per identity (paper: 60)")
-    p.add_argument("--test", type=int, default=10, help="personalised test images per identity (paper: 40)")
+    p.add_argument("--test", type=int, default=40, help="personalised test images per identity (paper: 40)")
     p.add_argument("--ijbc-subjects", type=int, default=30, help="subjects of the IJB-C-style set")
     p.add_argument("--size", type=int, default=32, help="image size (must match fedfr.image_size)")
     p.add_argument("--seed", type=int, default=0)

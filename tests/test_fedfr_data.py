@@ -107,3 +107,22 @@ def test_ijbc_style_meta_files(tmp_path):
     assert all(label == int(subject[t1] == subject[t2]) for t1, t2, label in meta.pairs)
     with Image.open(meta.images[0]) as im:
         assert im.size == (12, 12)
+
+
+def test_demo_data_is_rewritten_when_its_parameters_change(tmp_path):
+    import argparse
+
+    from server.sim_fedfr import write_data
+
+    a = argparse.Namespace(public_ids=3, public_images=2, ids_per_site=2, train=2, test=1, ijbc_subjects=2, size=16,
+                           seed=0)
+    roots = write_data(tmp_path, ["face1", "face2"], a)
+    assert FaceSite(roots["face1"]).num_identities == 2
+    stamp = (roots["face1"] / "train").stat().st_mtime_ns
+    write_data(tmp_path, ["face1", "face2"], a)  # the same parameters: kept as it is
+    assert (roots["face1"] / "train").stat().st_mtime_ns == stamp
+    a.ids_per_site, a.test = 3, 2  # an older demo's folder: rewritten, nothing of the old split left
+    roots = write_data(tmp_path, ["face1", "face2"], a)
+    site = FaceSite(roots["face1"])
+    assert site.num_identities == 3 and len(site.test) == 3 * 2
+    assert sorted(p.name for p in (tmp_path / "split" / "clients").iterdir()) == ["face1", "face2"]

@@ -16,6 +16,11 @@ REPO = Path(__file__).resolve().parents[1]
 @pytest.mark.timeout(600)
 def test_fedfr_two_sites_one_round(tmp_path):
     out = tmp_path / "run"
+    # the folder holds an earlier, completed run: its status must not end this one at once, and its
+    # checkpoint must not be taken for this run's (they move to previous/)
+    out.mkdir()
+    (out / "status.json").write_text(json.dumps({"status": "completed", "rounds": 4}))
+    (out / "global_latest.pt").write_bytes(b"an earlier run's checkpoint")
     cmd = [sys.executable, "-m", "server.sim_fedfr", "--out", str(out), "--sites", "face1", "face2",
            "--public-ids", "6", "--public-images", "4", "--ids-per-site", "3", "--train", "4", "--test", "2",
            "--ijbc-subjects", "4", "--size", "16", "--timeout", "420",
@@ -38,6 +43,8 @@ def test_fedfr_two_sites_one_round(tmp_path):
     # the global model is exactly [Theta_g, Phi_g]: nothing of W_l, Pi, Omega or b
     assert set(final) == {f"backbone.{k}" for k in pre["state_dict_backbone"]} | {"public_proxies"}
     assert json.loads((out / "status.json").read_text())["status"] == "completed"
+    assert (out / "previous" / "global_latest.pt").read_bytes() == b"an earlier run's checkpoint"
+    assert json.loads((out / "previous" / "status.json").read_text())["rounds"] == 4
     report = json.loads((out / "fedfr_eval.json").read_text())
     assert set(report["generic"]) == {"pretrained Theta_g^0", "FedFR Theta_g"}
     assert "personalised [Theta_l, Pi_l]" in report["personalised"]

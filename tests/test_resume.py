@@ -249,3 +249,21 @@ def test_coordinator_killed_mid_run_resumes_to_the_same_parameters(tmp_path):
         assert torch.equal(got[k], expected[k]), k
     time.sleep(1)
     assert processes_mentioning(str(tmp_path)) == [], "processes left behind"
+
+
+def test_a_new_run_moves_an_earlier_runs_outputs_to_previous(tmp_path, capsys):
+    from server.main import RUN_OUTPUTS, retire_previous_run
+
+    assert retire_previous_run(tmp_path) is None  # an empty folder: nothing to move
+    (tmp_path / "previous").mkdir()
+    (tmp_path / "previous" / "metrics.json").write_text("older still")
+    (tmp_path / "status.json").write_text('{"status": "completed"}')
+    (tmp_path / "global_latest.pt").write_bytes(b"ck")
+    (tmp_path / "config.json").write_text("{}")  # rewritten by the new run, not moved
+    prev = retire_previous_run(tmp_path)
+    assert prev == tmp_path / "previous"
+    assert sorted(p.name for p in prev.iterdir()) == ["global_latest.pt", "status.json"]  # older previous/ replaced
+    assert (prev / "global_latest.pt").read_bytes() == b"ck"
+    assert not any((tmp_path / n).exists() for n in RUN_OUTPUTS)
+    assert (tmp_path / "config.json").exists()
+    assert "moved to" in capsys.readouterr().out
