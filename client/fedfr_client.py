@@ -21,7 +21,7 @@ from flwr.client import NumPyClient
 from torch.utils.data import DataLoader
 
 from client.fedfr_state import FedFRSiteState, load_fedfr_state, save_fedfr_state
-from client.fedfr_train import imprint, round_hard_negatives, train_local
+from client.fedfr_train import imprint, round_hard_negatives, round_learning_rate, train_local
 from client.numpy_client import SiteSettings, resolve_device
 from common.config import ExperimentConfig
 from common.datasets.face_folder import FaceFolder, FaceSite
@@ -99,7 +99,10 @@ class FedFRClient(NumPyClient):
         opt = torch.optim.SGD(model.parameters(), lr=self.f.lr, momentum=self.f.momentum,
                               weight_decay=self.f.weight_decay)
         if st is not None and st.optimizer is not None:
-            opt.load_state_dict(st.optimizer)
+            opt.load_state_dict(st.optimizer)  # momentum buffers; it also brings back last round's lr
+        lr = round_learning_rate(self.f.lr, self.f.lr_milestones, self.f.lr_gamma, rnd)
+        for group in opt.param_groups:
+            group["lr"] = lr
         stats = train_local(
             model, global_backbone, prev_backbone, self._loader(hn, rnd), opt, epochs=self.f.local_epochs,
             device=self.device, s=self.f.s, m=self.f.m, tau=self.f.tau, bce_lambda=self.f.bce_lambda,
@@ -109,6 +112,7 @@ class FedFRClient(NumPyClient):
         )
         model.cpu()
         stats["hard_negatives"] = float(hn.size)
+        stats["lr"] = lr
         save_fedfr_state(self.state_dir, FedFRSiteState(
             site=self.s.site, manifest_hash=self.manifest.hash, public_hash=self.public.identity_hash(),
             num_local=self.data.num_identities, last_round=rnd, rounds_trained=(st.rounds_trained if st else 0) + 1,

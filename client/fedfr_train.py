@@ -39,6 +39,11 @@ def round_hard_negatives(global_backbone: nn.Module, public: Sequence[Record], l
     return select_hard_negatives(feats, local_features, threshold, chunk_size, device)
 
 
+def round_learning_rate(lr: float, milestones: Sequence[int], gamma: float, server_round: int) -> float:
+    """The local lr of round ``server_round``: lr * gamma^(number of milestones <= server_round)."""
+    return lr * gamma ** sum(1 for r in milestones if r <= server_round)
+
+
 def imprint(features: np.ndarray, labels: np.ndarray, num_classes: int) -> torch.Tensor:
     """(K, d): the normalised mean of each class's L2-normalised features (weight imprinting)."""
     f = torch.as_tensor(features, dtype=torch.float32)

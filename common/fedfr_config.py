@@ -59,6 +59,10 @@ class FedFRConfig:
     local_epochs: int = 4  # E
     batch_size: int = 64
     lr: float = 0.001
+    # Rounds from which the local lr is multiplied by lr_gamma once more (round t trains at
+    # lr * lr_gamma^(number of milestones <= t)); [] = constant lr, the paper's setting.
+    lr_milestones: list[int] = field(default_factory=list)
+    lr_gamma: float = 0.1
     momentum: float = 0.9
     weight_decay: float = 5e-4
     max_steps_per_epoch: int = 0  # 0 = whole epoch; > 0 caps an epoch (demo/tests)
@@ -101,6 +105,10 @@ class FedFRConfig:
         for key in ("s", "bce_r", "tau", "lr", "pretrain_lr", "bce_t"):
             if not getattr(self, key) > 0:
                 raise bad(key, "> 0", getattr(self, key))
+        if any(not isinstance(r, int) or r < 1 for r in self.lr_milestones):
+            raise bad("lr_milestones", "a list of round numbers >= 1", self.lr_milestones)
+        if not 0.0 < self.lr_gamma <= 1.0:
+            raise bad("lr_gamma", "a factor in (0, 1]", self.lr_gamma)
         if not -1.0 <= self.t_hn <= 1.0:
             raise bad("t_hn", "a cosine in [-1, 1]", self.t_hn)
         if not 0.0 < self.bce_lambda < 1.0:

@@ -166,3 +166,24 @@ def test_a_round_replayed_after_a_coordinator_resume_starts_from_the_state_befor
     st = load_fedfr_state(tmp_path / "face1")
     assert (st.last_round, st.rounds_trained) == (2, 2)  # the replay replaced the lost round, not added one
     assert [h["round"] for h in st.history] == [1, 2]
+
+
+def test_round_learning_rate_steps_at_the_milestones():
+    from client.fedfr_train import round_learning_rate
+
+    got = [round_learning_rate(0.1, [3, 5], 0.5, r) for r in range(1, 7)]
+    assert got == pytest.approx([0.1, 0.1, 0.05, 0.05, 0.025, 0.025])
+    assert round_learning_rate(0.001, [], 0.1, 30) == 0.001  # the paper: constant
+
+
+def test_each_round_trains_at_its_scheduled_lr_after_the_optimizer_state_is_restored(world, tmp_path):
+    cfg = tiny_fedfr_config(world, tmp_path, t_hn=0.9, lr=0.05, lr_milestones=[2], lr_gamma=0.1)
+    c = FedFRClient(cfg, settings(world, tmp_path, "face1"))
+    _, _, m1 = c.fit(global_arrays(cfg, PUBLIC, 1), conf(cfg, 1))
+    saved1 = load_fedfr_state(tmp_path / "face1").optimizer
+    _, _, m2 = c.fit(global_arrays(cfg, PUBLIC, 2), conf(cfg, 2))
+    saved2 = load_fedfr_state(tmp_path / "face1").optimizer
+    # round 2 restored round 1's optimizer (lr 0.05 in it) and must still train at 0.05 * 0.1
+    assert [g["lr"] for g in saved1["param_groups"]] == [pytest.approx(0.05)]
+    assert [g["lr"] for g in saved2["param_groups"]] == [pytest.approx(0.005)]
+    assert (m1["lr"], m2["lr"]) == (pytest.approx(0.05), pytest.approx(0.005))

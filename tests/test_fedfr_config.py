@@ -15,6 +15,7 @@ def test_paper_defaults_under_experiment_fedfr():
     assert (f.s, f.m, f.t_hn, f.tau) == (30.0, 0.4, 0.4, 0.5)
     assert (f.bce_lambda, f.bce_r, f.bce_m, f.bce_t) == (0.7, 30.0, 0.4, 3.0)
     assert f.alpha == [1.0, 5.0, 10.0] and (f.lr, f.weight_decay, f.local_epochs) == (0.001, 5e-4, 4)
+    assert f.lr_milestones == []  # a constant lr
     assert (f.backbone, f.embedding_dim, f.image_size) == ("sphere64", 512, 112)
     assert f.far_targets == [1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1] and f.fpir_targets == [0.01, 0.1]
     # the yaml restates the dataclass defaults (one source of truth, checked)
@@ -25,6 +26,7 @@ def test_demo_config_is_small_and_valid():
     cfg = compose_experiment(["experiment=fedfr-demo"])
     assert cfg.task == "fedfr" and cfg.fedfr.backbone == "sphere4" and cfg.fedfr.image_size <= 64
     assert cfg.rounds <= 5 and len(cfg.sites) == cfg.strategy.min_available_sites
+    assert all(1 <= r <= cfg.rounds for r in cfg.fedfr.lr_milestones)  # the decay happens within the demo
     assert cfg.superlink.insecure
 
 
@@ -39,6 +41,8 @@ def test_backbone_names_agree_with_the_model_registry():
     ({"fedfr": {"alpha": [1, 5]}}, "fedfr.alpha"),
     ({"fedfr": {"bce_lambda": 1.0}}, "fedfr.bce_lambda"),
     ({"fedfr": {"far_targets": [0.0]}}, "far_targets"),
+    ({"fedfr": {"lr_milestones": [0]}}, "fedfr.lr_milestones"),
+    ({"fedfr": {"lr_gamma": 0.0}}, "fedfr.lr_gamma"),
 ])
 def test_bad_values_name_the_key(over, key):
     with pytest.raises(ValueError, match=key.replace(".", r"\.")):
