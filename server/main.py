@@ -186,7 +186,8 @@ def run(cfg: ExperimentConfig, *, resume: bool = False) -> int:
     return 1
 
 
-RUN_OUTPUTS = ("status.json", "global_latest.pt", "global_final.pt", "metrics.json", "metrics.csv", "curves.png")
+RUN_OUTPUTS = ("status.json", "global_latest.pt", "global_final.pt", "metrics.json", "metrics.csv", "curves.png",
+               "fedfr_eval.json", "fedfr_eval.md", "fedfr_eval_generic.csv", "fedfr_eval_personalised.csv")
 
 
 def retire_previous_run(run_dir: Path) -> Path | None:
@@ -200,12 +201,13 @@ def retire_previous_run(run_dir: Path) -> Path | None:
     if not found:
         return None
     previous = run_dir / "previous"
+    older = previous.exists()
     shutil.rmtree(previous, ignore_errors=True)
     previous.mkdir()
     for path in found:
         path.replace(previous / path.name)
-    print(f"fedserver: {run_dir} held an earlier run; its {', '.join(p.name for p in found)} moved to {previous}",
-          flush=True)
+    print(f"fedserver: {run_dir} held an earlier run; its {', '.join(p.name for p in found)} moved to {previous}"
+          + (" (replacing the run before it)" if older else ""), flush=True)
     return previous
 
 

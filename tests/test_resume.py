@@ -266,4 +266,4 @@ def test_a_new_run_moves_an_earlier_runs_outputs_to_previous(tmp_path, capsys):
     assert (prev / "global_latest.pt").read_bytes() == b"ck"
     assert not any((tmp_path / n).exists() for n in RUN_OUTPUTS)
     assert (tmp_path / "config.json").exists()
-    assert "moved to" in capsys.readouterr().out
+    assert "replacing the run before it" in capsys.readouterr().out
