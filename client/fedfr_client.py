@@ -96,13 +96,12 @@ class FedFRClient(NumPyClient):
             hn = round_hard_negatives(global_backbone, self.public.records, local_feats, threshold=self.f.t_hn,
                                       chunk_size=self.f.hn_chunk, **emb)
 
-        opt = torch.optim.SGD(model.parameters(), lr=self.f.lr, momentum=self.f.momentum,
-                              weight_decay=self.f.weight_decay)
+        lr = round_learning_rate(self.f.lr, self.f.lr_milestones, self.f.lr_gamma, rnd)
+        opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=self.f.momentum, weight_decay=self.f.weight_decay)
         if st is not None and st.optimizer is not None:
             opt.load_state_dict(st.optimizer)  # momentum buffers; it also brings back last round's lr
-        lr = round_learning_rate(self.f.lr, self.f.lr_milestones, self.f.lr_gamma, rnd)
-        for group in opt.param_groups:
-            group["lr"] = lr
+            for group in opt.param_groups:
+                group["lr"] = lr
         stats = train_local(
             model, global_backbone, prev_backbone, self._loader(hn, rnd), opt, epochs=self.f.local_epochs,
             device=self.device, s=self.f.s, m=self.f.m, tau=self.f.tau, bce_lambda=self.f.bce_lambda,

@@ -39,10 +39,6 @@ class FedFRSiteState:
     history: list[dict[str, float]] = field(default_factory=list)
 
 
-def state_path(state_dir: str | Path) -> Path:
-    return Path(state_dir).expanduser() / STATE_FILE
-
-
 def load_fedfr_state(state_dir: str | Path, *, site: str | None = None, manifest_hash: str | None = None,
                      public_hash: str | None = None, num_local: int | None = None,
                      before_round: int | None = None) -> FedFRSiteState | None:

@@ -42,10 +42,6 @@ class SiteState:
     history: list[dict[str, float]] = field(default_factory=list)
 
 
-def state_path(state_dir: str | Path) -> Path:
-    return Path(state_dir).expanduser() / STATE_FILE
-
-
 def load_state(state_dir: str | Path, *, site: str, manifest_hash: str, num_classes: int,
                before_round: int | None = None) -> SiteState | None:
     """The newest saved state (with ``last_round < before_round`` when given), or None to start afresh.

@@ -9,7 +9,6 @@
 from __future__ import annotations
 
 import json
-import shutil
 import signal
 import subprocess
 import sys
@@ -135,6 +134,8 @@ def run(cfg: ExperimentConfig, *, resume: bool = False) -> int:
     db = run_dir / "superlink.db"
     db_kept = resume and db.is_file() and cfg.superlink.persist_state
     if not resume:
+        from server.resume import retire_previous_run
+
         retire_previous_run(run_dir)
         (run_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
         for old in run_dir.glob("superlink.db*"):  # a new run starts from a fresh SuperLink state
@@ -184,31 +185,6 @@ def run(cfg: ExperimentConfig, *, resume: bool = False) -> int:
         return 0
     print(f"fedserver: run did not complete (status {status!r}); logs in {run_dir}", file=sys.stderr)
     return 1
-
-
-RUN_OUTPUTS = ("status.json", "global_latest.pt", "global_final.pt", "metrics.json", "metrics.csv", "curves.png",
-               "fedfr_eval.json", "fedfr_eval.md", "fedfr_eval_generic.csv", "fedfr_eval_personalised.csv")
-
-
-def retire_previous_run(run_dir: Path) -> Path | None:
-    """A new run in a folder holding another run's outputs moves them to ``run_dir/previous/``
-    (replacing an older ``previous/``) and returns that folder; None if there was nothing.
-
-    Left in place, the old ``status.json`` ("completed") would end the new run at once, and its
-    ``global_latest.pt`` would be resumed as if it were the new run's.
-    """
-    found = [run_dir / n for n in RUN_OUTPUTS if (run_dir / n).exists()]
-    if not found:
-        return None
-    previous = run_dir / "previous"
-    older = previous.exists()
-    shutil.rmtree(previous, ignore_errors=True)
-    previous.mkdir()
-    for path in found:
-        path.replace(previous / path.name)
-    print(f"fedserver: {run_dir} held an earlier run; its {', '.join(p.name for p in found)} moved to {previous}"
-          + (" (replacing the run before it)" if older else ""), flush=True)
-    return previous
 
 
 def _status(run_dir: Path) -> str:

@@ -1,4 +1,5 @@
-"""Checkpoint and resume of a FedReID run (``fedserver resume=RUN_DIR``).
+"""Checkpoint and resume of a FedReID or FedFR run (``fedserver resume=RUN_DIR``), and the run
+folder's turnover: a new run there first moves an earlier run's outputs to ``previous/``.
 
 After every round the coordinator writes ``RUN_DIR/global_latest.pt`` in ONE atomic write
 (temporary file, fsync, rename; ``common/checkpoint.py``): the global shared parameters by name,
@@ -34,6 +35,7 @@ from __future__ import annotations
 
 import json
 import random
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -155,6 +157,31 @@ def announce_resume(cfg: ExperimentConfig) -> bool:
     reporter._finish(ck.arrays)
     print(f"fedserver: {run_dir} had completed all {cfg.rounds} rounds; final outputs written", flush=True)
     return True
+
+
+RUN_OUTPUTS = ("status.json", CHECKPOINT, "global_final.pt", "metrics.json", "metrics.csv", "curves.png",
+               "fedfr_eval.json", "fedfr_eval.md", "fedfr_eval_generic.csv", "fedfr_eval_personalised.csv")
+
+
+def retire_previous_run(run_dir: Path) -> Path | None:
+    """A new run in a folder holding another run's outputs moves them to ``run_dir/previous/``
+    (replacing an older ``previous/``) and returns that folder; None if there was nothing.
+
+    Left in place, the old ``status.json`` ("completed") would end the new run at once, and its
+    ``global_latest.pt`` would be resumed as if it were the new run's.
+    """
+    found = [run_dir / n for n in RUN_OUTPUTS if (run_dir / n).exists()]
+    if not found:
+        return None
+    previous = run_dir / "previous"
+    older = previous.exists()
+    shutil.rmtree(previous, ignore_errors=True)
+    previous.mkdir()
+    for path in found:
+        path.replace(previous / path.name)
+    print(f"fedserver: {run_dir} held an earlier run; its {', '.join(p.name for p in found)} moved to {previous}"
+          + (" (replacing the run before it)" if older else ""), flush=True)
+    return previous
 
 
 def _read(path: Path) -> str:

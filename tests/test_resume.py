@@ -252,7 +252,7 @@ def test_coordinator_killed_mid_run_resumes_to_the_same_parameters(tmp_path):
 
 
 def test_a_new_run_moves_an_earlier_runs_outputs_to_previous(tmp_path, capsys):
-    from server.main import RUN_OUTPUTS, retire_previous_run
+    from server.resume import RUN_OUTPUTS, retire_previous_run
 
     assert retire_previous_run(tmp_path) is None  # an empty folder: nothing to move
     (tmp_path / "previous").mkdir()
