@@ -84,6 +84,7 @@ class EvalConfig:
     batch_size: int = 128
     max_rank: int = 10
     device: str = "cpu"
+    linear_probe: bool = False  # also a softmax probe's accuracy (gallery -> query) per target
     targets: dict[str, TargetConfig] = field(default_factory=dict)
 
 

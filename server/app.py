@@ -108,7 +108,8 @@ def build_scorer(cfg: ExperimentConfig, manifest: Manifest, run_dir: Path):
                for name, t in e.targets.items()]
     evaluator = ReIDEvaluator(targets, height=cfg.model.height, width=cfg.model.width,
                               device=torch.device(e.device), batch_size=e.batch_size, flip=e.flip,
-                              normalize=e.normalize, metric=e.metric, max_rank=e.max_rank)
+                              normalize=e.normalize, metric=e.metric, max_rank=e.max_rank,
+                              linear_probe=e.linear_probe)
     model = model_for(cfg, 1)
     return lambda arrays: evaluate_arrays(evaluator, model, lambda m, a: set_shared(m, manifest, a), arrays)
 

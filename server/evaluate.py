@@ -22,12 +22,13 @@ class ReIDEvaluator:
 
     def __init__(self, targets: list[TargetSet], *, height: int, width: int, device: torch.device,
                  batch_size: int = 128, flip: bool = False, normalize: bool = True, metric: str = "cosine",
-                 max_rank: int = 10, progress: bool = False):
+                 max_rank: int = 10, progress: bool = False, linear_probe: bool = False):
         self.targets = targets
         self.kw = {"height": height, "width": width, "device": device, "batch_size": batch_size, "flip": flip,
                    "normalize": normalize}
         self.metric = metric
         self.max_rank = max_rank
+        self.linear_probe = linear_probe
         self.progress = progress
         for t in targets:
             log.info("evaluation target %s", t.summary())
@@ -36,7 +37,8 @@ class ReIDEvaluator:
         out: dict[str, float] = {}
         for t in self.targets:
             feats = extract_features(embedding, t.records, progress=t.name if self.progress else None, **self.kw)
-            out |= score_target(t, feats, metric=self.metric, max_rank=self.max_rank)
+            out |= score_target(t, feats, metric=self.metric, max_rank=self.max_rank,
+                                linear_probe=self.linear_probe)
         return out | mean_over_targets(out, [t.name for t in self.targets])
 
 

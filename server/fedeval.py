@@ -120,7 +120,8 @@ def run(args: dict[str, Any]) -> int:
         evaluator = ReIDEvaluator(targets, height=cfg.model.height, width=cfg.model.width, device=device,
                                   batch_size=int(args["batch_size"]), flip=bool(args["flip"]),
                                   normalize=bool(args["normalize"]), metric=args["metric"],
-                                  max_rank=int(args["max_rank"]), progress=True)
+                                  max_rank=int(args["max_rank"]), progress=True,
+                                  linear_probe=cfg.eval.linear_probe)
         results[str(path)] = evaluator(embedding)
     header, rows = table_rows(results, args["targets"])
     md = markdown(header, rows)

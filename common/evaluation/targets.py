@@ -20,6 +20,7 @@ import numpy as np
 from common.datasets import UNSPLIT, build_reader
 from common.datasets.base import Record, ReIDSplits
 from common.datasets.splits import load_splits, make_random_splits, save_splits
+from common.evaluation.linear_probe import probe_accuracy
 from common.evaluation.reid import evaluate_rank_features
 
 
@@ -72,8 +73,12 @@ def load_target(name: str, reader: str, root: str | Path, *, num_splits: int = 1
 
 
 def score_target(target: TargetSet, features: np.ndarray, *, metric: str = "cosine",
-                 max_rank: int = 10) -> dict[str, float]:
-    """Rank-1/5/10 and mAP, mean (and ``_std``) over the target's splits."""
+                 max_rank: int = 10, linear_probe: bool = False) -> dict[str, float]:
+    """Rank-1/5/10 and mAP, mean (and ``_std``) over the target's splits.
+
+    ``linear_probe``: also the accuracy of a softmax classifier fitted on each split's gallery
+    features and scored on its queries (``<name>/probe``; common.evaluation.linear_probe).
+    """
     pids = np.array([r.pid for r in target.records])
     camids = np.array([r.camid for r in target.records])
     per_split: dict[str, list[float]] = {}
@@ -84,6 +89,8 @@ def score_target(target: TargetSet, features: np.ndarray, *, metric: str = "cosi
             if k <= len(cmc):
                 per_split.setdefault(f"R{k}", []).append(float(cmc[k - 1]))
         per_split.setdefault("mAP", []).append(float(mAP))
+        if linear_probe:
+            per_split.setdefault("probe", []).append(probe_accuracy(features[g], pids[g], features[q], pids[q]))
     out: dict[str, float] = {}
     for key, vals in per_split.items():
         out[f"{target.name}/{key}"] = float(np.mean(vals))
@@ -93,9 +100,9 @@ def score_target(target: TargetSet, features: np.ndarray, *, metric: str = "cosi
 
 
 def mean_over_targets(metrics: dict[str, float], names: list[str]) -> dict[str, float]:
-    """``mean/R1``, ``mean/R5``, ``mean/mAP`` over the targets (the paper's average column)."""
+    """``mean/R1``, ``mean/R5``, ``mean/mAP`` (and ``mean/probe``) over the targets (the paper's average column)."""
     out = {}
-    for key in ("R1", "R5", "mAP"):
+    for key in ("R1", "R5", "mAP", "probe"):
         vals = [metrics[f"{n}/{key}"] for n in names if f"{n}/{key}" in metrics]
         if vals:
             out[f"mean/{key}"] = float(np.mean(vals))
