@@ -22,10 +22,21 @@ def sites_per_round(fraction: float, num_sites: int) -> int:
     return max(1, math.ceil(fraction * num_sites - 1e-9))
 
 
+def normalize_pretrained(value: str | None) -> str:
+    """``model.pretrained`` as stored: ``imagenet``, ``none`` or a path (run folders of older versions
+    wrote ``null`` for a random start)."""
+    if value is None or str(value).strip().lower() in ("", "none", "null"):
+        return "none"
+    v = str(value).strip()
+    return "imagenet" if v.lower() == "imagenet" else v
+
+
 @dataclass
 class ModelConfig:
     backbone: str = "resnet50"  # resnet18 | resnet34 | resnet50 (paper: resnet50)
-    pretrained: str | None = None  # local ImageNet .pth, "torchvision" (cached file only), or null
+    # imagenet (paper: torchvision's ImageNet weights, fetched once into the torch cache) | /path/to.pth
+    # (an offline coordinator) | none (random start: warned about, recorded). common/models/pretrained.py
+    pretrained: str | None = "imagenet"
     head_hidden: int = 512  # Eq. (2): FC(dim -> 512)
     dropout: float = 0.5
     head_activation: str = "relu"  # relu (paper) | leaky_relu (public re-implementation)
@@ -153,6 +164,10 @@ class ExperimentConfig:
         def bad(key: str, expected: str, found: Any) -> ValueError:
             return ValueError(f"config {key}: expected {expected}, found {found!r}")
 
+        self.model.pretrained = normalize_pretrained(self.model.pretrained)  # older run folders: null = none
+        if self.model.pretrained.lower() == "torchvision":
+            raise bad("model.pretrained", "imagenet (torchvision's weights API), none or a path to a .pth file",
+                      self.model.pretrained)
         if self.task not in ("fedreid", "fedfr"):
             raise bad("task", "fedreid or fedfr", self.task)
         if self.task == "fedfr":

@@ -16,7 +16,8 @@ from common.checkpoint import atomic_json_save, save_global_checkpoint
 from common.config import ExperimentConfig
 from common.evaluation.targets import load_target
 from common.logs import setup_logging
-from common.models.builder import expected_manifest, model_for
+from common.models.builder import expected_manifest, initial_model, model_for
+from common.models.pretrained import describe_init
 from common.params import Manifest, get_shared, set_shared
 from common.seeding import seed_everything
 from server.evaluate import ReIDEvaluator, evaluate_arrays
@@ -38,7 +39,8 @@ class RoundReporter:
     """End-of-round hook: evaluate, checkpoint, write metrics, print one progress line."""
 
     def __init__(self, cfg: ExperimentConfig, score: Callable[[list[np.ndarray]], dict] | None, keys: list[str],
-                 manifest_hash: str, *, metrics_rows: list[dict] | None = None, elapsed_s: float = 0.0):
+                 manifest_hash: str, *, metrics_rows: list[dict] | None = None, elapsed_s: float = 0.0,
+                 embedding_init: str = ""):
         self.cfg = cfg
         self.run_dir = cfg.resolved_run_dir()
         self.score = score
@@ -46,10 +48,13 @@ class RoundReporter:
         self.manifest_hash = manifest_hash
         self.metrics = MetricsLog(self.run_dir, metrics_rows)  # a resumed run continues the history
         self.t0 = time.time() - elapsed_s
+        self.embedding_init = embedding_init  # imagenet | file:<path> | random, recorded with round 0
         self.strategy_state: Callable[[], dict] = dict  # set by server_fn: what the checkpoint keeps of the strategy
 
     def __call__(self, rnd: int, arrays: list[np.ndarray], site_models: dict | None, rec: RoundRecord) -> dict:
         row: dict = {"round": rnd, "elapsed_s": round(time.time() - self.t0, 2), "server_rss_mb": _rss_mb()}
+        if rnd == 0 and self.embedding_init:
+            row["embedding_init"] = self.embedding_init
         if rnd > 0:
             row |= {"sampled": rec.sampled, "replied": len(rec.replied), "dropped": len(rec.dropped),
                     "failures": rec.failures, "aggregated": rec.aggregated, "fit_seconds": round(rec.fit_seconds, 2),
@@ -146,13 +151,15 @@ def server_fn(context: Context) -> ServerAppComponents:
     run_dir.mkdir(parents=True, exist_ok=True)
     seed_everything(cfg.seed)
     manifest = expected_manifest(cfg)
-    model = model_for(cfg, 1)
-    initial = get_shared(model, manifest)
     ck = resume_checkpoint(cfg, manifest)
-    if ck is not None:
-        initial = ck.arrays
+    if ck is None:  # round 0: ImageNet weights (model.pretrained, common/models/pretrained.py) or random
+        model, init = initial_model(cfg)
+        initial = get_shared(model, manifest)
+    else:
+        initial, init = ck.arrays, describe_init(cfg.model.pretrained)
     reporter = RoundReporter(cfg, build_scorer(cfg, manifest, run_dir), list(manifest.keys), manifest.hash,
-                             metrics_rows=ck.metrics if ck else None, elapsed_s=ck.elapsed_s if ck else 0.0)
+                             metrics_rows=ck.metrics if ck else None, elapsed_s=ck.elapsed_s if ck else 0.0,
+                             embedding_init=init)
     log.info("FedReID run: %d rounds, %d sites, S=%s, beta=%s, mode=%s, shared %s", cfg.rounds, len(cfg.sites),
              cfg.strategy.fraction, cfg.privacy.beta, cfg.strategy.mode, manifest.describe())
     strategy = FedReIDStrategy(

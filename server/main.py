@@ -112,6 +112,22 @@ def check_targets(cfg: ExperimentConfig) -> None:
             raise SystemExit(f"fedserver: evaluation target {name!r}: {e}") from None
 
 
+def check_initial_weights(cfg: ExperimentConfig) -> None:
+    """Before any process starts: the ImageNet weights are in the torch cache (fetched once if not)
+    or in the given file and fit the backbone; ``none`` is printed as a warning."""
+    from common.models.builder import initial_model
+    from common.models.pretrained import PretrainedWeightsError
+
+    if cfg.model.pretrained == "none":
+        print("fedserver: WARNING: model.pretrained=none: the embedding starts from random weights, not the "
+              "paper's ImageNet initialisation (recorded as embedding_init=random in metrics.json)", file=sys.stderr)
+        return
+    try:
+        initial_model(cfg)
+    except PretrainedWeightsError as e:
+        raise SystemExit(f"fedserver: {e}") from None
+
+
 def _exit_on_signal(signum: int, frame) -> None:
     raise SystemExit(128 + signum)  # unwinds through run()'s finally, which stops the SuperLink
 
@@ -125,6 +141,8 @@ def run(cfg: ExperimentConfig, *, resume: bool = False) -> int:
 
         return pretrain_main(cfg)
     check_targets(cfg)
+    if cfg.task == "fedreid" and not resume:
+        check_initial_weights(cfg)
     run_dir = Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     # superlink.persist_state=true keeps the SuperLink's state (registered nodes, keys) in a file:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from common.config import ExperimentConfig
+from common.models.pretrained import init_embedding
 from common.models.reid import ReIDModel, build_model
 from common.params import Manifest, shared_manifest
 
@@ -23,8 +24,14 @@ def model_for(cfg: ExperimentConfig, num_classes: int) -> ReIDModel:
                 f"{num_classes} identities; the common fedavg head must cover every site"
             )
         num_classes = cfg.strategy.fedavg_num_classes
-    return build_model(m.backbone, num_classes, pretrained=m.pretrained, hidden=m.head_hidden,
-                       dropout=m.dropout, activation=m.head_activation)
+    return build_model(m.backbone, num_classes, hidden=m.head_hidden, dropout=m.dropout, activation=m.head_activation)
+
+
+def initial_model(cfg: ExperimentConfig) -> tuple[ReIDModel, str]:
+    """The coordinator's round-0 model: the embedding initialised as ``model.pretrained`` says
+    (ImageNet by default, common/models/pretrained.py); returns it and what ``embedding_init`` records."""
+    model = model_for(cfg, 1)
+    return model, init_embedding(model.embedding, cfg.model.backbone, cfg.model.pretrained)
 
 
 def expected_manifest(cfg: ExperimentConfig) -> Manifest:

@@ -8,8 +8,6 @@ Only F is ever shared (Eq. 8); each site keeps its own C (Eq. 7, "multi-head").
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import torch
 from torch import nn
 from torchvision import models
@@ -20,13 +18,11 @@ BACKBONES = {"resnet18": models.resnet18, "resnet34": models.resnet34, "resnet50
 class Embedding(nn.Module):
     """ResNet trunk + global average pooling: (B, 3, H, W) -> (B, dim)."""
 
-    def __init__(self, backbone: str = "resnet50", pretrained: str | None = None):
+    def __init__(self, backbone: str = "resnet50"):
         super().__init__()
         if backbone not in BACKBONES:
             raise ValueError(f"unknown backbone {backbone!r}; valid: {sorted(BACKBONES)}")
-        net = BACKBONES[backbone](weights=None)
-        if pretrained:
-            load_imagenet_weights(net, pretrained)
+        net = BACKBONES[backbone](weights=None)  # random; ImageNet weights: common/models/pretrained.py
         self.dim = net.fc.in_features
         net.fc = nn.Identity()
         self.net = net
@@ -68,44 +64,7 @@ class ReIDModel(nn.Module):
         return self.head(self.embedding(x))
 
 
-def load_imagenet_weights(net: nn.Module, source: str) -> None:
-    """Load ImageNet weights from a local file; ``torchvision`` uses torchvision's cached file if present.
-
-    Nothing is ever downloaded: a missing file is an error that says where it was looked for.
-    """
-    if source == "torchvision":
-        raise_missing = True
-        hub = Path(torch.hub.get_dir()) / "checkpoints"
-        candidates = sorted(hub.glob("resnet*.pth")) if hub.is_dir() else []
-        arch = type(net).__name__
-        for c in candidates:
-            state = torch.load(c, map_location="cpu", weights_only=True)
-            fits = state.get("fc.weight") is not None and state["fc.weight"].shape[1] == net.fc.in_features
-            if fits and _compatible(net, state):
-                net.load_state_dict(state)
-                raise_missing = False
-                break
-        if raise_missing:
-            raise FileNotFoundError(
-                f"model.pretrained=torchvision: no compatible {arch} ImageNet file in {hub}; "
-                "downloads are disabled: put the .pth file there or give model.pretrained=/path/to/weights.pth"
-            )
-        return
-    path = Path(source)
-    if not path.is_file():
-        raise FileNotFoundError(f"model.pretrained: weights file not found: {path} (expected a torchvision ResNet state_dict)")
-    state = torch.load(path, map_location="cpu", weights_only=True)
-    if not _compatible(net, state):
-        raise ValueError(f"model.pretrained: {path} does not match the configured backbone's parameter shapes")
-    net.load_state_dict(state)
-
-
-def _compatible(net: nn.Module, state: dict) -> bool:
-    own = net.state_dict()
-    return set(own) == set(state) and all(own[k].shape == state[k].shape for k in own)
-
-
-def build_model(backbone: str, num_classes: int, *, pretrained: str | None = None, hidden: int = 512,
-                dropout: float = 0.5, activation: str = "relu") -> ReIDModel:
-    emb = Embedding(backbone, pretrained)
+def build_model(backbone: str, num_classes: int, *, hidden: int = 512, dropout: float = 0.5,
+                activation: str = "relu") -> ReIDModel:
+    emb = Embedding(backbone)
     return ReIDModel(emb, MappingHead(emb.dim, num_classes, hidden, dropout, activation))
