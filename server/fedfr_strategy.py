@@ -39,7 +39,10 @@ class FedFRStrategy(FedReIDStrategy):
         results: list[tuple[ClientProxy, FitRes]],
         failures: list[tuple[ClientProxy, FitRes] | BaseException],
     ) -> tuple[Parameters | None, dict[str, Scalar]]:
-        rec = self.records.setdefault(server_round, RoundRecord(server_round))
+        # records are keyed by the experiment's round, as in FedReIDStrategy (Flower's round + offset
+        # after a resume); the super call takes Flower's round and converts it itself
+        true_round = self.true_round(server_round)
+        rec = self.records.setdefault(true_round, RoundRecord(true_round))
         kept = []
         for proxy, res in results:
             site = str(res.metrics.get("site", f"node-{proxy.cid}"))
@@ -48,7 +51,7 @@ class FedFRStrategy(FedReIDStrategy):
                 why = (f"weight num_examples={res.num_examples} is not the site's own image count "
                        f"(own_images={own}): public hard negatives must not count (Eq. 2/4)")
                 rec.dropped[site] = why
-                log.warning("round %d: dropped the update of site %s: %s", server_round, site, why)
+                log.warning("round %d: dropped the update of site %s: %s", true_round, site, why)
                 continue
             kept.append((proxy, res))
         return super().aggregate_fit(server_round, kept, failures)

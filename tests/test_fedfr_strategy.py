@@ -62,3 +62,17 @@ def test_no_valid_reply_keeps_the_global_model():
     s = strategy()
     params, metrics = s.aggregate_fit(1, [(FakeProxy("1"), res("a", arrays(1, 1), 10, weight=11))], [])
     assert params is None and metrics["valid_updates"] == 0
+
+
+def test_after_a_resume_dropped_updates_land_in_the_experiments_round_record():
+    # a run resumed after round 7: Flower's round 2 is the experiment's round 9
+    s = FedFRStrategy(manifest=MAN, initial_arrays=arrays(0, 0), min_available_sites=3, wait_for_sites_s=1,
+                      round_offset=7)
+    results = [(FakeProxy("1"), res("a", arrays(1.0, 1.0), 10, 500, weight=510)),
+               (FakeProxy("2"), res("b", arrays(3.0, 3.0), 30))]
+    s.aggregate_fit(2, results, [])
+    assert list(s.records) == [9]  # one record, the experiment's round; nothing under Flower's round 2
+    rec = s.records[9]
+    assert rec.server_round == 9
+    assert set(rec.dropped) == {"a"} and "own image count" in rec.dropped["a"]
+    assert rec.replied == ["b"] and rec.aggregated
