@@ -3,7 +3,9 @@
 Both the coordinator and every site derive the same ordered key manifest from the model config
 (``manifest_for``); the manifest's hash travels in the fit config and a site refuses a mismatch.
 Only floating-point tensors are shared: integer buffers (BatchNorm ``num_batches_tracked``) never
-leave a site and are never averaged or noised. BatchNorm float buffers follow their module.
+leave a site and are never averaged or noised. BatchNorm float buffers (running mean/variance)
+follow their module: they are averaged but never noised (``Manifest.learnable``): Eq. (14)-(15)
+perturb the model parameters theta, and a noised running variance can go negative (NaN features).
 """
 
 from __future__ import annotations
@@ -29,6 +31,15 @@ class Manifest:
     keys: tuple[str, ...]
     shapes: tuple[tuple[int, ...], ...]
     dtypes: tuple[str, ...]
+    # per key: a learnable parameter (the papers' theta) or a buffer (BatchNorm running_mean/var).
+    # Eq. (14)-(15) noise goes on learnable tensors only; None = all learnable. Not part of the hash:
+    # it follows from the keys.
+    learnable: tuple[bool, ...] | None = None
+
+    @property
+    def noise_mask(self) -> list[bool]:
+        """Which arrays get white noise (Eq. 14-15): the learnable ones, never running statistics."""
+        return [True] * len(self.keys) if self.learnable is None else list(self.learnable)
 
     @property
     def hash(self) -> str:
@@ -50,7 +61,14 @@ def shared_manifest(model: nn.Module, mode: str) -> Manifest:
         for k, v in model.state_dict().items()
         if k.startswith(prefixes) and v.is_floating_point()
     ]
-    return Manifest(tuple(k for k, _, _ in items), tuple(s for _, s, _ in items), tuple(d for _, _, d in items))
+    return manifest_of(model, items)
+
+
+def manifest_of(model: nn.Module, items: list[tuple[str, tuple[int, ...], str]]) -> Manifest:
+    """A manifest of ``(key, shape, dtype)`` items of ``model``, each marked learnable or buffer."""
+    params = {k for k, _ in model.named_parameters()}
+    return Manifest(tuple(k for k, _, _ in items), tuple(s for _, s, _ in items), tuple(d for _, _, d in items),
+                    learnable=tuple(k in params for k, _, _ in items))
 
 
 def get_shared(model: nn.Module, manifest: Manifest) -> list[np.ndarray]:

@@ -147,7 +147,7 @@ class FedReIDStrategy(FedAvg):
         for cid in chosen:
             # Eq. (15): an independent white-noise draw on what each site receives
             beta = self.beta if self.client_noise else 0.0
-            sent = add_white_noise(arrays, beta, noise_rng) if beta > 0 else arrays
+            sent = add_white_noise(arrays, beta, noise_rng, self.manifest.noise_mask) if beta > 0 else arrays
             rec.bytes_sent += sum(a.nbytes for a in sent)
             out.append((proxies[cid], FitIns(ndarrays_to_parameters(sent), dict(config))))
         rec.sampled = len(out)
@@ -191,7 +191,9 @@ class FedReIDStrategy(FedAvg):
             )
             return None, {"valid_updates": len(good)}
         aggregate = average(good, weights if self.weighted else None)  # Eq. (8) / FedFR Eq. (2, 4)
-        aggregate = add_white_noise(aggregate, self.beta, self._rng(server_round, "server-noise"))  # Eq. (14)
+        # Eq. (14): on the learnable parameters; BatchNorm running statistics stay the plain average
+        aggregate = add_white_noise(aggregate, self.beta, self._rng(server_round, "server-noise"),
+                                    self.manifest.noise_mask)
         rec.aggregated = True
         return ndarrays_to_parameters(aggregate), {"valid_updates": len(good)}
 

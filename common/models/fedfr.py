@@ -17,7 +17,7 @@ from common.fedfr_config import FedFRConfig
 from common.losses.margin_bce import sphereface2_bias_init
 from common.models.dfc import DFC
 from common.models.face import build_face_backbone
-from common.params import Manifest
+from common.params import Manifest, manifest_of
 
 SHARED_PREFIXES = ("backbone.", "public_proxies")  # Eq. (2) Theta and Eq. (4) Phi_g; nothing else
 
@@ -54,7 +54,7 @@ def fedfr_manifest(model: nn.Module) -> Manifest:
     """The ordered manifest of the shared floating tensors: backbone.* and public_proxies only."""
     items = [(k, tuple(v.shape), str(v.dtype).replace("torch.", ""))
              for k, v in model.state_dict().items() if k.startswith(SHARED_PREFIXES) and v.is_floating_point()]
-    return Manifest(tuple(k for k, _, _ in items), tuple(s for _, s, _ in items), tuple(d for _, _, d in items))
+    return manifest_of(model, items)  # learnable vs buffers: white noise only on the former
 
 
 def expected_fedfr_manifest(cfg: FedFRConfig, num_public: int) -> Manifest:
