@@ -70,7 +70,8 @@ class RoundReporter:
             round=rnd, keys=self.keys, arrays=arrays, manifest_hash=self.manifest_hash, config=self.cfg.to_dict(),
             strategy=self.strategy_state(), rng=capture_rng(), metrics=self.metrics.rows,
             elapsed_s=time.time() - self.t0))
-        shown = {k: v for k, v in row.items() if k.startswith("mean/") or k.endswith(("/R1", "/mAP"))}
+        shown = {k: v for k, v in row.items()
+                 if (k.startswith("mean/") or k.endswith(("/R1", "/mAP"))) and not k.startswith(("site/", "best/"))}
         print(f"[round {rnd}/{self.cfg.rounds}] " + " ".join(f"{k}={100 * v:.1f}" for k, v in shown.items())
               + (f" | {len(rec.replied)}/{rec.sampled} sites, {rec.fit_seconds:.1f}s" if rnd > 0 else " (untrained)"),
               flush=True)
@@ -82,10 +83,7 @@ class RoundReporter:
     def _evaluate(self, arrays: list[np.ndarray], site_models: dict | None) -> dict:
         if not site_models:
             return self.score(arrays)
-        # "each site alone": score every site's own embedding and report the mean over sites
-        per_site = {s: self.score(a) for s, a in sorted(site_models.items())}
-        keys = set.intersection(*(set(m) for m in per_site.values()))
-        return {k: float(np.mean([m[k] for m in per_site.values()])) for k in keys}
+        return summarize_sites({s: self.score(a) for s, a in sorted(site_models.items())})
 
     def _finish(self, arrays: list[np.ndarray]) -> None:
         save_global_checkpoint(self.run_dir / "global_final.pt", keys=self.keys, arrays=arrays,
@@ -93,6 +91,15 @@ class RoundReporter:
                                config=self.cfg.to_dict())
         self.metrics.plot()
         atomic_json_save({"status": "completed", "rounds": self.cfg.rounds}, self.run_dir / "status.json")
+
+
+def summarize_sites(per_site: dict[str, dict[str, float]]) -> dict[str, float]:
+    """"Each site alone": every metric as the mean over the sites' own embeddings (the paper's Local row),
+    ``best/<metric>`` the best single site on it, and ``site/<name>/<metric>`` each site's own value."""
+    keys = set.intersection(*(set(m) for m in per_site.values()))
+    out = {k: float(np.mean([m[k] for m in per_site.values()])) for k in keys}
+    out |= {f"best/{k}": float(max(m[k] for m in per_site.values())) for k in keys}
+    return out | {f"site/{s}/{k}": float(m[k]) for s, m in per_site.items() for k in keys}
 
 
 def _rss_mb() -> float:

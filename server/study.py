@@ -1,0 +1,157 @@
+"""``fedstudy NAME``: run a named study (variants x seeds), then tables and plots of mean ± std.
+
+A study is a YAML file under ``conf/study/`` (or a path)::
+
+    name: fedreid-ablation
+    description: ...
+    command: [-m, server.sim]            # run with this Python; one run = one call
+    args: [--engine, simulation, ...]    # arguments every run gets (before the variant's)
+    overrides: [rounds=6, ...]           # Hydra overrides every run gets
+    world: {...}                         # the synthetic world's parameters, fixed before any run
+    seeds: [0, 1, 2]
+    metrics: [mean/R1, mean/mAP]         # table columns: each run's final value
+    variants:
+      fedreid: {}
+      fedavg: {overrides: [strategy=fedavg]}
+    tradeoffs:                           # optional: metric against a number each variant stands for
+      - {name: beta, x_label: beta, log_x: true, metrics: [mean/R1], points: {beta0: 0, beta1e-3: 0.001}}
+
+Every run goes to ``<out>/runs/<variant>/seed<k>/`` with ``--out`` that folder, the variant's
+``args`` and ``seed=<k>`` then the overrides; a run whose folder holds ``status.json`` with
+``"status": "completed"`` is skipped, so an interrupted study resumes where it stopped. Data the
+runs share (the synthetic world) is written once to ``<out>/data`` (``{data}`` in args). Then
+``results.{json,csv,md}`` and plots are written to ``<out>`` (server/study_results.py).
+
+    fedstudy fedreid-ablation [--out runs/study/fedreid-ablation] [--only VARIANT ...] [key=value ...]
+
+``key=value`` overrides the study file itself (OmegaConf dot-list), e.g. ``seeds=[0]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from common import processes
+from common.compose import REPO_ROOT
+from server.study_results import curve, final_metrics, write_results
+
+STUDY_DIR = REPO_ROOT / "conf" / "study"
+REQUIRED = ("name", "command", "seeds", "metrics", "variants")
+
+
+def load_study(name_or_path: str, overrides: list[str] | None = None) -> dict:
+    """The study config as plain data: ``conf/study/<name>.yaml`` or a path, with dot-list overrides."""
+    path = Path(name_or_path)
+    if not path.is_file():
+        path = STUDY_DIR / f"{name_or_path}.yaml"
+    if not path.is_file():
+        known = sorted(p.stem for p in STUDY_DIR.glob("*.yaml"))
+        raise SystemExit(f"fedstudy: no study {name_or_path!r}; expected a file or one of {known}")
+    cfg = OmegaConf.merge(OmegaConf.load(path), OmegaConf.from_dotlist(overrides or []))
+    study = OmegaConf.to_container(cfg, resolve=True)
+    missing = [k for k in REQUIRED if k not in study]
+    if missing:
+        raise SystemExit(f"fedstudy: {path} lacks {missing}; a study names {list(REQUIRED)}")
+    if not study["variants"]:
+        raise SystemExit(f"fedstudy: {path} lists no variants")
+    study.setdefault("args", [])
+    study.setdefault("overrides", [])
+    study["variants"] = {str(v): (spec or {}) for v, spec in study["variants"].items()}
+    return study
+
+
+def run_command(study: dict, variant: str, seed: int, run_dir: Path, data_dir: Path) -> list[str]:
+    """The command line of one run (this interpreter, the study's command, its args, the variant's)."""
+    spec = study["variants"][variant]
+    fill = {"data": str(data_dir), "out": str(run_dir), "seed": str(seed)}
+    args = [str(a).format(**fill) for a in [*study["args"], *spec.get("args", [])]]
+    return [sys.executable, *map(str, study["command"]), "--out", str(run_dir), *args, f"seed={seed}",
+            *map(str, study["overrides"]), *map(str, spec.get("overrides", []))]
+
+
+def completed(run_dir: Path) -> bool:
+    try:
+        return json.loads((run_dir / "status.json").read_text()).get("status") == "completed"
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def run_study(study: dict, out: Path, *, only: list[str] | None = None, timeout_s: float = 7200) -> dict:
+    """Run every (variant, seed) not yet completed, then write the results; returns the summary."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "study.json").write_text(json.dumps(study, indent=1))  # what was run, world parameters included
+    variants = [v for v in study["variants"] if not only or v in only]
+    unknown = sorted(set(only or []) - set(study["variants"]))
+    if unknown:
+        raise SystemExit(f"fedstudy: unknown variant(s) {unknown}; the study has {list(study['variants'])}")
+    jobs = [(v, int(s)) for v in variants for s in study["seeds"]]
+    t_study = time.time()
+    for i, (variant, seed) in enumerate(jobs, 1):
+        run_dir = out / "runs" / variant / f"seed{seed}"
+        if completed(run_dir):
+            print(f"fedstudy [{i}/{len(jobs)}] {variant} seed {seed}: done before, skipped", flush=True)
+            continue
+        cmd = run_command(study, variant, seed, run_dir, out / "data")
+        run_dir.mkdir(parents=True, exist_ok=True)
+        t0 = time.time()
+        print(f"fedstudy [{i}/{len(jobs)}] {variant} seed {seed}: running ({run_dir})", flush=True)
+        proc = processes.start(cmd, processes.tool_env(), log_path=run_dir / "study_run.log", cwd=REPO_ROOT)
+        try:
+            code = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            code = "timeout"
+        finally:
+            processes.stop(proc, grace_s=30)  # the run's own processes too (its process group)
+        took = time.time() - t0
+        if code != 0 or not completed(run_dir):
+            raise SystemExit(f"fedstudy: {variant} seed {seed} failed (exit {code}) after {took:.0f}s; "
+                             f"see {run_dir / 'study_run.log'}; re-running the study resumes from this run")
+        left = (time.time() - t_study) / i * (len(jobs) - i)
+        print(f"fedstudy [{i}/{len(jobs)}] {variant} seed {seed}: {took:.0f}s (about {left / 60:.0f} min left)",
+              flush=True)
+    return collect(study, out, variants)
+
+
+def collect(study: dict, out: Path, variants: list[str]) -> dict:
+    """Read the finished runs and write results.{json,csv,md} and the plots."""
+    per_run: dict = {}
+    curves: dict = {m: {} for m in study.get("curve_metrics", study["metrics"])}
+    for variant in variants:
+        for seed in study["seeds"]:
+            run_dir = out / "runs" / variant / f"seed{int(seed)}"
+            if not completed(run_dir):
+                continue
+            per_run.setdefault(variant, {})[int(seed)] = final_metrics(run_dir, study["metrics"])
+            for m, per_variant in curves.items():
+                per_variant.setdefault(variant, []).append(curve(run_dir, m))
+    return write_results(out, study, per_run, curves)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="fedstudy", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("study", help="a name under conf/study/ or a path to a study YAML file")
+    p.add_argument("--out", default=None, help="study folder (default runs/study/<name>)")
+    p.add_argument("--only", nargs="+", default=None, help="run only these variants")
+    p.add_argument("--timeout", type=float, default=7200, help="seconds one run may take")
+    p.add_argument("--tables-only", action="store_true", help="do not run anything: rebuild tables and plots")
+    a, overrides = p.parse_known_args(argv)
+    study = load_study(a.study, overrides)
+    out = Path(a.out or Path("runs") / "study" / study["name"]).resolve()
+    t0 = time.time()
+    if a.tables_only:
+        collect(study, out, list(study["variants"]))
+    else:
+        run_study(study, out, only=a.only, timeout_s=a.timeout)
+    print((out / "results.md").read_text())
+    print(f"fedstudy: {time.time() - t0:.0f}s; results in {out} (results.md, results.csv, results.json, *.png)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,117 @@
+"""The study runner: variants x seeds, resume, tables and plots checked against the runs' own metrics."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+import numpy as np
+import pytest
+
+from server.app import summarize_sites
+from server.study import load_study, main, run_command
+from server.study_results import final_metrics, flatten, markdown_table, summarize
+
+# a stand-in for fedsim: writes metrics.json rows (round 0..R) from its overrides, then status.json
+FAKE_RUN = textwrap.dedent("""
+    import json, sys, pathlib
+    args = sys.argv[1:]
+    out = pathlib.Path(args[args.index("--out") + 1])
+    kv = dict(a.split("=", 1) for a in args if "=" in a and not a.startswith("-"))
+    base, seed, rounds = float(kv["x"]), int(kv["seed"]), int(kv["rounds"])
+    with open(out.parent.parent.parent / "calls.txt", "a") as f:
+        f.write(f"{out.parent.name} {seed}\\n")
+    rows = [{"round": r, "mean/R1": base + 0.01 * seed + 0.1 * r, "mean/mAP": base / 2 + 0.02 * seed}
+            for r in range(rounds + 1)]
+    rows[-1]["sites"] = {"a": {"loss": 1.0}}
+    (out / "metrics.json").write_text(json.dumps(rows))
+    (out / "fedfr_eval.json").write_text(json.dumps({"generic": {"tar": {"1e-3": 0.5 + seed}}}))
+    (out / "status.json").write_text(json.dumps({"status": "completed"}))
+""")
+
+
+def _study(tmp_path, seeds=(0, 1, 2)):
+    (tmp_path / "fake_run.py").write_text(FAKE_RUN)
+    path = tmp_path / "toy.yaml"
+    path.write_text(textwrap.dedent(f"""
+        name: toy
+        description: two variants of a fake runner
+        command: [{tmp_path / 'fake_run.py'}]
+        overrides: [rounds=2]
+        world: {{classes: 10}}
+        seeds: {list(seeds)}
+        metrics: [mean/R1, mean/mAP, generic/tar/1e-3]
+        variants:
+          low: {{overrides: [x=0.2]}}
+          high: {{overrides: [x=0.6]}}
+        tradeoffs:
+          - {{name: x, x_label: x, metrics: [mean/R1], points: {{low: 0.2, high: 0.6}}}}
+    """))
+    return path
+
+
+def test_study_tables_match_the_runs(tmp_path, capsys):
+    path = _study(tmp_path)
+    out = tmp_path / "out"
+    main([str(path), "--out", str(out)])
+    res = json.loads((out / "results.json").read_text())
+    for variant, x in (("low", 0.2), ("high", 0.6)):
+        r1 = [x + 0.01 * s + 0.2 for s in (0, 1, 2)]  # the final round (2) of each seed
+        cell = res["summary"][variant]["mean/R1"]
+        assert cell["mean"] == pytest.approx(np.mean(r1)) and cell["std"] == pytest.approx(np.std(r1))
+        assert res["summary"][variant]["generic/tar/1e-3"]["mean"] == pytest.approx(1.5)
+        for s in (0, 1, 2):  # each run's row is what its own metrics.json says
+            rows = json.loads((out / "runs" / variant / f"seed{s}" / "metrics.json").read_text())
+            assert res["per_run"][variant][str(s)]["mean/mAP"] == rows[-1]["mean/mAP"]
+    md = (out / "results.md").read_text()
+    assert f"| low | {100 * (0.21 + 0.2):.1f} ± {100 * np.std([0.2, 0.21, 0.22]):.1f} |" in md
+    assert (out / "results.csv").read_text().splitlines()[0] == "variant,metric,mean,std,n"
+    for png in ("curves_mean_R1.png", "curves_mean_mAP.png", "tradeoff_x.png"):
+        assert (out / png).stat().st_size > 1000
+    assert json.loads((out / "study.json").read_text())["world"] == {"classes": 10}
+
+
+def test_an_interrupted_study_resumes(tmp_path, capsys):
+    path = _study(tmp_path, seeds=(0, 1))
+    out = tmp_path / "out"
+    main([str(path), "--out", str(out), "--only", "low"])
+    main([str(path), "--out", str(out)])
+    calls = (out / "calls.txt").read_text().split("\n")
+    assert sorted(c for c in calls if c) == ["high 0", "high 1", "low 0", "low 1"]  # low's runs not repeated
+    assert "done before, skipped" in capsys.readouterr().out
+
+
+def test_failed_run_is_reported_and_not_counted(tmp_path):
+    path = _study(tmp_path, seeds=(0,))
+    study = load_study(str(path), ["variants.high.overrides=[x=oops]"])
+    (tmp_path / "bad.yaml").write_text(json.dumps(study))
+    with pytest.raises(SystemExit, match="high seed 0 failed"):
+        main([str(tmp_path / "bad.yaml"), "--out", str(tmp_path / "o")])
+
+
+def test_run_command_and_errors(tmp_path):
+    path = _study(tmp_path, seeds=(0,))
+    study = load_study(str(path), ["seeds=[4]", "args=[--data,'{data}']"])
+    cmd = run_command(study, "high", 4, tmp_path / "r", tmp_path / "d")
+    assert cmd[cmd.index("--data") + 1] == str(tmp_path / "d") and "seed=4" in cmd and cmd[-1] == "x=0.6"
+    with pytest.raises(SystemExit, match="no study 'nope'"):
+        load_study("nope")
+    with pytest.raises(SystemExit, match="unknown variant"):
+        main([str(path), "--out", str(tmp_path / "o"), "--only", "mid"])
+
+
+def test_pure_pieces():
+    assert flatten({"a": {"b": 1, "c": [1, 2], "d": "x", "e": True}, "f": 2.5}) == {"a/b": 1.0, "f": 2.5}
+    s = summarize({"v": {0: {"m": 0.5}, 1: {"m": 0.7}, 2: {}}}, ["m", "absent"])
+    assert s == {"v": {"m": {"mean": 0.6, "std": pytest.approx(0.1), "n": 2, "values": [0.5, 0.7]}}}
+    assert "| v | 60.0 ± 10.0 | – |" in markdown_table(s, ["m", "absent"])
+    per_site = {"a": {"mean/R1": 0.2, "mean/mAP": 0.1}, "b": {"mean/R1": 0.6, "mean/mAP": 0.05}}
+    got = summarize_sites(per_site)
+    assert got["mean/R1"] == pytest.approx(0.4) and got["best/mean/R1"] == 0.6
+    assert got["best/mean/mAP"] == 0.1 and got["site/b/mean/R1"] == 0.6
+
+
+def test_final_metrics_takes_the_last_round_reporting_each(tmp_path):
+    rows = [{"round": 0, "mean/R1": 0.1}, {"round": 1, "mean/R1": 0.3, "x": 1}, {"round": 2, "x": 2}]
+    (tmp_path / "metrics.json").write_text(json.dumps(rows))
+    assert final_metrics(tmp_path, ["mean/R1", "x", "y"]) == {"mean/R1": 0.3, "x": 2.0}
