@@ -84,7 +84,8 @@ class FedFRClient(NumPyClient):
         emb = {"image_size": self.f.image_size, "batch_size": self.cfg.eval.batch_size, "device": self.device}
         first = st is None or st.model is None
         local_feats = None
-        if self.f.hard_negatives or (first and self.f.init_local == "imprint"):
+        select = self.f.hard_negatives and self.f.public_negatives == "hard"
+        if select or (first and self.f.init_local == "imprint"):
             local_feats = embed(global_backbone, self.data.train, **emb)  # with Theta_g^t
         if first and self.f.init_local == "imprint":
             w = imprint(local_feats, np.array([r.pid for r in self.data.train]), self.data.num_identities)
@@ -92,7 +93,9 @@ class FedFRClient(NumPyClient):
                 model.local_proxies.copy_(w)
                 model.dfc.omega.copy_(w)
         hn = np.empty(0, np.int64)
-        if self.f.hard_negatives:
+        if self.f.hard_negatives and not select:  # "all": every public image, no selection
+            hn = np.arange(len(self.public.records), dtype=np.int64)
+        elif select:
             hn = round_hard_negatives(global_backbone, self.public.records, local_feats, threshold=self.f.t_hn,
                                       chunk_size=self.f.hn_chunk, **emb)
 

@@ -18,6 +18,7 @@ BACKBONES = ("sphere4", "sphere20", "sphere36", "sphere64")
 STAGES = ("train", "pretrain")
 INIT_LOCAL = ("imprint", "random")
 BIAS_INIT = ("zero", "sphereface2")
+PUBLIC_NEGATIVES = ("hard", "all")
 
 
 @dataclass
@@ -38,6 +39,9 @@ class FedFRConfig:
     m: float = 0.4  # CosFace margin
     hard_negatives: bool = True  # false: no public data in local training (ablation row 2)
     t_hn: float = 0.4  # hard-negative threshold t_HN = m
+    # which public images join local training when hard_negatives is on: "hard" = FedFR's selection
+    # (cos > t_HN to the site's data); "all" = every public image (Table 1's "+ public data" row)
+    public_negatives: str = "hard"
     hn_chunk: int = 8192  # public features scored this many at a time (memory bound)
     contrastive: bool = True  # MOON term (ablation)
     tau: float = 0.5
@@ -94,6 +98,8 @@ class FedFRConfig:
             raise bad("backbone", f"one of {', '.join(BACKBONES)}", self.backbone)
         if self.bce_bias_init not in BIAS_INIT:
             raise bad("bce_bias_init", f"one of {', '.join(BIAS_INIT)}", self.bce_bias_init)
+        if self.public_negatives not in PUBLIC_NEGATIVES:
+            raise bad("public_negatives", f"one of {', '.join(PUBLIC_NEGATIVES)}", self.public_negatives)
         if self.init_local not in INIT_LOCAL:
             raise bad("init_local", f"one of {', '.join(INIT_LOCAL)}", self.init_local)
         for key in ("embedding_dim", "image_size", "local_epochs", "hn_chunk", "pretrain_epochs"):

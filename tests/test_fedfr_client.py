@@ -187,3 +187,19 @@ def test_each_round_trains_at_its_scheduled_lr_after_the_optimizer_state_is_rest
     assert [g["lr"] for g in saved1["param_groups"]] == [pytest.approx(0.05)]
     assert [g["lr"] for g in saved2["param_groups"]] == [pytest.approx(0.005)]
     assert (m1["lr"], m2["lr"]) == (pytest.approx(0.05), pytest.approx(0.005))
+
+
+def test_public_negatives_all_takes_every_public_image_without_selection(world, tmp_path):
+    # t_HN = 2 selects nothing (cosines are <= 1); "all" (Table 1's "+ public data" row) ignores it
+    cfg = tiny_fedfr_config(world, tmp_path, t_hn=1.0)
+    cfg.fedfr.public_negatives = "all"
+    c = FedFRClient(cfg, settings(world, tmp_path, "face1"))
+    _, _, metrics = c.fit(global_arrays(cfg, PUBLIC, 0), conf(cfg, 1))
+    assert metrics["hard_negatives"] == len(FaceFolder(world["public"]).records) == PUBLIC * 6
+    cfg.fedfr.public_negatives = "hard"
+    c = FedFRClient(cfg, settings(world, tmp_path / "b", "face1"))
+    _, _, metrics = c.fit(global_arrays(cfg, PUBLIC, 0), conf(cfg, 1))
+    assert metrics["hard_negatives"] == 0
+    cfg.fedfr.public_negatives = "some"
+    with pytest.raises(ValueError, match="fedfr.public_negatives: expected one of hard, all, found 'some'"):
+        cfg.fedfr.validate()
