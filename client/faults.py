@@ -5,9 +5,9 @@ option, or ``flower-supernode --node-config 'fault="nan"'``); a site without it 
 
     SPEC = KIND[@ROUNDS]      ROUNDS = comma-separated rounds (default: every round)
     KIND = nan      one value NaN and one +Inf in the update (dropped by the coordinator: non-finite)
-           shape    the first array flattened plus one value (dropped: shape)
-           dtype    every array as float64 (dropped: dtype)
-           count    the last array left out (dropped: count)
+           shape    the first array flattened plus one value (dropped: packed length, 1 value too many)
+           dtype    every array as float64 (dropped: packed length, twice the bytes)
+           count    the last array left out (dropped: packed length, too short)
            sleep:S  sleep S seconds before local training (a slow site: round timeout)
 
 e.g. ``nan``, ``sleep:40@2`` (slow in round 2 only), ``dtype@1,3``.
@@ -20,6 +20,8 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
+
+from common.params import Manifest, pack, raw_bytes
 
 log = logging.getLogger("fedclient")
 
@@ -56,6 +58,11 @@ class Fault:
         elif self.kind == "count":
             out = out[:-1]
         return out
+
+    def wire(self, site: str, server_round: int, manifest: Manifest, arrays: list[np.ndarray]) -> np.ndarray:
+        """The packed array the faulty site sends: its corrupted tensors' raw bytes (``pack`` would refuse them)."""
+        out = self.corrupt(site, server_round, arrays)
+        return pack(manifest, out) if out is arrays else raw_bytes(out)
 
 
 def parse_fault(spec: str) -> Fault | None:

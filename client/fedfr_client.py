@@ -4,8 +4,9 @@ One round (``fit``): check the manifest and the public identities, rebuild the s
 state on disk (W_l, Pi, Omega, b and last round's Theta_l), take Theta_g^t and Phi_g^t from the
 server, select this round's public hard negatives with the global model, train E local epochs of
 ``a1 L_cos + a2 L_con + a3 L_BCE``, save the state atomically, and return ONLY Theta_l and Phi
-(the manifest: ``backbone.*`` and ``public_proxies``) with the site's own image count as weight
-(Eq. 2/4: public hard negatives are not counted).
+(the manifest: ``backbone.*`` and ``public_proxies``, packed into one array both ways,
+``common/params.py``) with the site's own image count as weight (Eq. 2/4: public hard negatives
+are not counted).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from common.datasets.face_folder import FaceFolder, FaceSite
 from common.datasets.face_images import FaceImages, face_transform
 from common.evaluation.face_features import embed
 from common.models.fedfr import FedFRModel, expected_fedfr_manifest, fedfr_model
-from common.params import get_shared, set_shared
+from common.params import from_wire, get_shared, set_shared, to_wire
 from common.seeding import seed_everything, stable_seed
 
 log = logging.getLogger("fedclient")
@@ -56,7 +57,7 @@ class FedFRClient(NumPyClient):
 
     def get_parameters(self, config):
         torch.manual_seed(self.cfg.seed)
-        return get_shared(self._model(), self.manifest)
+        return to_wire(self.manifest, get_shared(self._model(), self.manifest))
 
     def _model(self) -> FedFRModel:
         return fedfr_model(self.f, self.public.num_identities, self.data.num_identities)
@@ -65,6 +66,7 @@ class FedFRClient(NumPyClient):
         t0 = time.perf_counter()
         rnd = int(config.get("server_round", 1))
         self._check(config)
+        parameters = from_wire(self.manifest, parameters, who=f"site {self.s.site}: the coordinator's parameters")
         if self.cfg.train.threads > 0:
             torch.set_num_threads(self.cfg.train.threads)
         seed_everything(stable_seed(self.cfg.seed, self.s.site, rnd))
@@ -127,7 +129,7 @@ class FedFRClient(NumPyClient):
         own = len(self.data.train)  # N_i of Eq. (2)/(4): the site's own images only
         metrics = {"site": self.s.site, "own_images": own, "train_seconds": seconds,
                    **{k: float(v) for k, v in stats.items() if np.isfinite(v)}}
-        return get_shared(model, self.manifest), own, metrics
+        return to_wire(self.manifest, get_shared(model, self.manifest)), own, metrics
 
     def _check(self, config) -> None:
         their = str(config.get("manifest_hash", ""))

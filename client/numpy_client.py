@@ -3,7 +3,8 @@
 One round (``fit``): check the manifest, rebuild the model, take the embedding from the server
 and the head from the site state (Eq. 7), start the local expert from this site's model at the
 end of its previous round (Eq. 10), train t_max (Eq. 3, 9-13), save the state atomically and
-return ONLY the shared tensors (the embedding; nothing of the head ever leaves the site).
+return ONLY the shared tensors (the embedding; nothing of the head ever leaves the site), packed
+into one array both ways (``common/params.py``).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from common.datasets.image_dataset import ImageDataset
 from common.datasets.transforms import train_transform
 from common.models.builder import expected_manifest, model_for
 from common.models.reid import ReIDModel
-from common.params import get_shared, set_shared
+from common.params import from_wire, get_shared, set_shared, to_wire
 from common.processes import process_age_s
 from common.seeding import seed_everything, stable_seed
 
@@ -68,7 +69,7 @@ class FedReIDClient(NumPyClient):
 
     def get_parameters(self, config):
         torch.manual_seed(self.cfg.seed)
-        return get_shared(model_for(self.cfg, self.num_classes), self.manifest)
+        return to_wire(self.manifest, get_shared(model_for(self.cfg, self.num_classes), self.manifest))
 
     def fit(self, parameters, config):
         t0 = time.perf_counter()
@@ -81,6 +82,7 @@ class FedReIDClient(NumPyClient):
                 f"{self.manifest.hash!r} ({self.cfg.model.backbone}, mode {self.cfg.strategy.mode}); "
                 "both sides must run the same model config"
             )
+        parameters = from_wire(self.manifest, parameters, who=f"site {self.s.site}: the coordinator's parameters")
         log.info("site %s round %d: local training starts", self.s.site, server_round)
         if self.fault is not None:
             self.fault.before_training(self.s.site, server_round)
@@ -125,8 +127,8 @@ class FedReIDClient(NumPyClient):
         metrics = {"site": self.s.site, **timing, **{k: float(v) for k, v in stats.items()}}
         update = get_shared(model, self.manifest)
         if self.fault is not None:
-            update = self.fault.corrupt(self.s.site, server_round, update)
-        return update, len(self.data.train), metrics
+            return [self.fault.wire(self.s.site, server_round, self.manifest, update)], len(self.data.train), metrics
+        return to_wire(self.manifest, update), len(self.data.train), metrics
 
     def _set_start_point(self, model: ReIDModel, parameters: list[np.ndarray], st: SiteState | None) -> None:
         """Eq. (7)/(15): the embedding from the server; ``local`` mode keeps its own after round 1."""

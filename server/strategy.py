@@ -4,7 +4,8 @@ A subclass of Flower's ``FedAvg`` that overrides the hooks, not the round loop:
 - ``configure_fit``: waits (bounded) for the sites, samples ceil(S*N) of them with a seeded
   generator, sends each the global embedding plus an independent noise draw (Eq. 15) and the
   manifest hash;
-- ``aggregate_fit``: checks every update (count, shape, dtype, finite), drops bad ones with a log
+- ``aggregate_fit``: unpacks every update (one packed array whose length the manifest fixes,
+  ``common/params.py``) and checks it (shape, dtype, finite), drops bad ones with a log
   line naming the site, averages the rest (Eq. 8; weighted by image count when asked, as FedFR's
   Eq. 2/4), adds noise to the aggregate (Eq. 14);
 - ``evaluate``: the per-round hook that evaluates the global embedding and reports the round.
@@ -29,7 +30,7 @@ from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import FedAvg
 
-from common.params import Manifest, check_arrays
+from common.params import Manifest, check_arrays, from_wire, to_wire
 from common.privacy import add_white_noise
 from common.seeding import stable_seed
 from server.aggregate import average, sample_sites
@@ -148,8 +149,9 @@ class FedReIDStrategy(FedAvg):
             # Eq. (15): an independent white-noise draw on what each site receives
             beta = self.beta if self.client_noise else 0.0
             sent = add_white_noise(arrays, beta, noise_rng, self.manifest.noise_mask) if beta > 0 else arrays
-            rec.bytes_sent += sum(a.nbytes for a in sent)
-            out.append((proxies[cid], FitIns(ndarrays_to_parameters(sent), dict(config))))
+            wire = to_wire(self.manifest, sent)  # one packed array (common/params.py)
+            rec.bytes_sent += sum(a.nbytes for a in wire)
+            out.append((proxies[cid], FitIns(ndarrays_to_parameters(wire), dict(config))))
         rec.sampled = len(out)
         log.info("round %d: sampled %d of %d sites", server_round, len(out), len(proxies))
         return out
@@ -168,9 +170,10 @@ class FedReIDStrategy(FedAvg):
         good, weights = [], []
         # canonical order: replies arrive in any order, float sums must not depend on it
         for site, proxy, res in sorted(((_site_of(p, r), p, r) for p, r in results), key=lambda t: (t[0], t[1].cid)):
-            arrays = parameters_to_ndarrays(res.parameters)
-            rec.bytes_received += sum(a.nbytes for a in arrays)
+            wire = parameters_to_ndarrays(res.parameters)
+            rec.bytes_received += sum(a.nbytes for a in wire)
             try:
+                arrays = from_wire(self.manifest, wire, who=f"update of site {site}")  # the packed length first
                 check_arrays(self.manifest, arrays, who=f"update of site {site}")
             except ValueError as e:
                 rec.dropped[site] = str(e)

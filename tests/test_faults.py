@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from client.faults import Fault, parse_fault
-from common.params import Manifest, check_arrays
+from common.params import Manifest, check_arrays, from_wire, pack, packed_nbytes
 from tests.federation import Federation
 from tests.procutil import processes_mentioning
 
@@ -37,6 +37,14 @@ def test_fault_specs_and_what_each_fault_sends():
             check_arrays(man, sent, who="update")
     assert parse_fault("nan@3").corrupt("s", 1, good) is good  # not its round: untouched
     check_arrays(man, good, who="update")  # the input was not modified
+    # on the wire (one packed array): the coordinator refuses the wrong lengths with the manifest's numbers
+    assert packed_nbytes(man) == 36
+    assert parse_fault("nan@3").wire("s", 1, man, good).tobytes() == pack(man, good).tobytes()
+    for spec, found in (("shape", 40), ("dtype", 72), ("count", 24)):
+        with pytest.raises(ValueError, match=f"hold {found} bytes, the manifest {man.hash} \\(2 tensors\\) needs 36"):
+            from_wire(man, [parse_fault(spec).wire("s", 1, man, good)], who="update")
+    with pytest.raises(ValueError, match="non-finite"):
+        check_arrays(man, from_wire(man, [parse_fault("nan").wire("s", 1, man, good)], who="u"), who="update")
 
 
 def _no_process_left(root) -> None:
@@ -95,8 +103,13 @@ def test_nan_shape_and_dtype_updates_are_dropped_by_site_name(tmp_path):
         good = fed.site_state("market1501")["model"]
         server_log = (tmp_path / "fedserver.log").read_text(errors="replace")
     assert row["replied"] == 1 and row["dropped"] == 3 and row["aggregated"] and set(row["sites"]) == {"market1501"}
-    for site, why in (("dukemtmc", "non-finite"), ("cuhk03", "has shape"), ("msmt17", "has dtype float64")):
-        assert f"dropped the update of site {site}: " in server_log and why in server_log, site
+    need = sum(v.numel() * v.element_size() for v in final.values())  # the shared tensors' bytes
+    lines = {s: next((ln for ln in server_log.splitlines() if f"dropped the update of site {s}: " in ln), "")
+             for s in faults}
+    assert "non-finite" in lines["dukemtmc"], lines
+    # one value too many (shape) and float64 (dtype): the packed length is refused with the manifest's numbers
+    assert f"hold {need + 4:,} bytes" in lines["cuhk03"] and f"needs {need:,}" in lines["cuhk03"], lines
+    assert f"hold {2 * need:,} bytes" in lines["msmt17"] and f"needs {need:,}" in lines["msmt17"], lines
     # the global model is finite and is exactly the one valid update (the mean of one)
     for k, v in final.items():
         assert torch.isfinite(v).all(), k

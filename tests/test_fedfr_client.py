@@ -8,14 +8,19 @@ import torch
 import torch.nn.functional as F
 
 import client.fedfr_client as fc
-from client.fedfr_client import FedFRClient
+from client.fedfr_client import FedFRClient as WireClient
 from client.fedfr_state import load_fedfr_state
 from common.datasets.face_folder import FaceFolder, FaceSite
 from common.models.fedfr import expected_fedfr_manifest, fedfr_model
 from common.params import set_shared
 from tests.fedfr_util import global_arrays, settings, tiny_fedfr_config, tiny_world
+from tests.wire import Unpacked
 
 PUBLIC = 6
+
+
+def FedFRClient(cfg, s):
+    return Unpacked(WireClient(cfg, s))
 
 
 @pytest.fixture(scope="module")

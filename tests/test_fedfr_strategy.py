@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from flwr.common import Code, FitRes, Status, ndarrays_to_parameters, parameters_to_ndarrays
 
-from common.params import Manifest
+from common.params import Manifest, to_wire
 from server.fedfr_strategy import FedFRStrategy
 from server.strategy import FedReIDStrategy
 from tests.test_strategy import FakeProxy
@@ -18,7 +18,7 @@ def arrays(theta: float, phi: float):
 
 def res(site: str, a, own: int, hard_negatives: int = 0, weight: int | None = None):
     n = own if weight is None else weight
-    return FitRes(Status(Code.OK, ""), ndarrays_to_parameters(a), n,
+    return FitRes(Status(Code.OK, ""), ndarrays_to_parameters(to_wire(MAN, a)), n,
                   {"site": site, "own_images": own, "hard_negatives": float(hard_negatives)})
 
 

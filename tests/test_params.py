@@ -6,7 +6,18 @@ import torch
 
 from common.config import ExperimentConfig
 from common.models.builder import expected_manifest, model_for
-from common.params import check_arrays, get_shared, set_shared, shared_manifest
+from common.params import (
+    Manifest,
+    check_arrays,
+    from_wire,
+    get_shared,
+    pack,
+    packed_nbytes,
+    set_shared,
+    shared_manifest,
+    to_wire,
+    unpack,
+)
 
 
 def cfg(**model):
@@ -62,3 +73,54 @@ def test_round_trip_and_checks():
     bad[0] = bad[0].reshape(-1)  # conv1.weight flattened
     with pytest.raises(ValueError, match="has shape"):
         check_arrays(man, bad, who="x")
+
+
+def test_pack_unpack_round_trip_mixed_dtypes_byte_for_byte():
+    man = Manifest(keys=("a", "b", "c", "d"), shapes=((3,), (2, 5), (), (4, 1, 2)),
+                   dtypes=("float16", "float32", "float64", "float32"))
+    rng = np.random.default_rng(0)
+    arrays = [rng.standard_normal(s).astype(d) for s, d in zip(man.shapes, man.dtypes)]
+    arrays[1] = np.asfortranarray(arrays[1])  # a non-C-contiguous input packs in C order
+    expected = b"".join(np.ascontiguousarray(a).tobytes() for a in arrays)
+    assert packed_nbytes(man) == 3 * 2 + 10 * 4 + 8 + 8 * 4 == len(expected)
+    packed = pack(man, arrays)
+    assert packed.dtype == np.uint8 and packed.shape == (len(expected),) and packed.tobytes() == expected
+    back = unpack(man, packed, who="t")
+    for a, b, s, d in zip(arrays, back, man.shapes, man.dtypes):
+        assert b.shape == s and str(b.dtype) == d and b.flags.c_contiguous and b.flags.aligned and b.flags.writeable
+        np.testing.assert_array_equal(a, b)
+    back[0][0] = 7  # unpacked tensors own their memory
+    assert packed.tobytes() == expected
+
+
+def test_resnet_manifest_packs_to_the_sum_of_its_tensors():
+    c = cfg()
+    model = model_for(c, 3)
+    man = expected_manifest(c)
+    state = model.state_dict()
+    assert packed_nbytes(man) == sum(state[k].numel() * state[k].element_size() for k in man.keys)
+    wire = to_wire(man, get_shared(model, man))
+    assert len(wire) == 1
+    back = from_wire(man, wire, who="t")
+    for k, a in zip(man.keys, back):
+        assert torch.equal(torch.from_numpy(a), state[k])
+
+
+def test_mismatched_packed_length_is_refused_with_the_manifests_numbers():
+    man = Manifest(keys=("w", "b"), shapes=((2, 3), (3,)), dtypes=("float32", "float32"))
+    good = pack(man, [np.ones((2, 3), np.float32), np.zeros(3, np.float32)])
+    assert good.size == 36
+    for n in (32, 40, 72, 0):
+        with pytest.raises(ValueError, match=f"site x: packed parameters hold {n} bytes, the manifest {man.hash} "
+                                             r"\(2 tensors\) needs 36"):
+            unpack(man, np.zeros(n, np.uint8), who="site x")
+    with pytest.raises(ValueError, match=r"expected one packed uint8 array of 36 bytes .* found a float32 array"):
+        unpack(man, np.zeros(9, np.float32), who="x")
+    with pytest.raises(ValueError, match="found a uint8 array of shape \\[6, 6\\]"):
+        unpack(man, np.zeros((6, 6), np.uint8), who="x")
+    with pytest.raises(ValueError, match="expected one packed array of 36 bytes .* found 2 arrays"):
+        from_wire(man, [good, good], who="x")
+    with pytest.raises(ValueError, match=r"pack: w is float32\[3, 2\], the manifest says float32\[2, 3\]"):
+        pack(man, [np.ones((3, 2), np.float32), np.zeros(3, np.float32)])
+    with pytest.raises(ValueError, match="expected 2 arrays"):
+        pack(man, [np.ones((2, 3), np.float32)])

@@ -28,7 +28,7 @@ from server.resume import (
 from server.strategy import FedReIDStrategy
 from tests.conftest import tiny_config
 from tests.procutil import processes_mentioning
-from tests.test_strategy import MAN, FakeProxy, arrays, manager, res
+from tests.test_strategy import MAN, FakeProxy, arrays, manager, res, sent_arrays
 
 
 def strategy(**kw):
@@ -55,7 +55,7 @@ def test_sampling_and_noise_of_a_round_do_not_depend_on_the_offset():
         2, ndarrays_to_parameters(arrays(1.0)), manager(4))
     assert [p.cid for p, _ in a] == [p.cid for p, _ in b]
     for (_, fa), (_, fb) in zip(a, b):
-        for x, y in zip(parameters_to_ndarrays(fa.parameters), parameters_to_ndarrays(fb.parameters)):
+        for x, y in zip(sent_arrays(fa), sent_arrays(fb)):
             np.testing.assert_array_equal(x, y)
 
 

@@ -10,10 +10,11 @@ from client.state import load_state
 from common.models.builder import expected_manifest, model_for
 from common.params import get_shared
 from tests.conftest import tiny_config
+from tests.wire import Unpacked
 
 
 def make_client(cfg, root, state_dir, site="market1501"):
-    return FedReIDClient(cfg, SiteSettings(site=site, data_root=str(root), state_dir=str(state_dir)))
+    return Unpacked(FedReIDClient(cfg, SiteSettings(site=site, data_root=str(root), state_dir=str(state_dir))))
 
 
 def global_arrays(cfg, seed=0):

@@ -6,7 +6,7 @@ from flwr.common import Code, FitRes, Status, ndarrays_to_parameters, parameters
 from flwr.server.client_manager import SimpleClientManager
 from flwr.server.client_proxy import ClientProxy
 
-from common.params import Manifest
+from common.params import Manifest, from_wire, packed_nbytes, raw_bytes, to_wire
 from server.strategy import FedReIDStrategy
 
 MAN = Manifest(keys=("embedding.w", "embedding.bn.running_mean"), shapes=((2, 3), (3,)), dtypes=("float32", "float32"))
@@ -33,8 +33,18 @@ def arrays(v: float):
     return [np.full((2, 3), v, np.float32), np.full((3,), v, np.float32)]
 
 
-def res(site: str, a, n=10):
-    return FitRes(Status(Code.OK, ""), ndarrays_to_parameters(a), n, {"site": site})
+def res(site: str, a, n=10, man=MAN):
+    return FitRes(Status(Code.OK, ""), ndarrays_to_parameters(to_wire(man, a)), n, {"site": site})
+
+
+def raw_res(site: str, wire: list[np.ndarray], n=10):
+    """A reply whose wire arrays are sent as they are (a faulty or foreign site)."""
+    return FitRes(Status(Code.OK, ""), ndarrays_to_parameters(wire), n, {"site": site})
+
+
+def sent_arrays(fit_ins):
+    """The tensors a FitIns carries (one packed array on the wire)."""
+    return from_wire(MAN, parameters_to_ndarrays(fit_ins.parameters), who="test")
 
 
 def manager(n):
@@ -56,7 +66,7 @@ def test_configure_fit_samples_ceil_s_n_and_sends_hash():
     for _, fit_ins in ins:
         assert fit_ins.config["manifest_hash"] == MAN.hash
         assert fit_ins.config["server_round"] == 1
-        np.testing.assert_array_equal(parameters_to_ndarrays(fit_ins.parameters)[0], arrays(1.0)[0])
+        np.testing.assert_array_equal(sent_arrays(fit_ins)[0], arrays(1.0)[0])
     again = strategy(fraction=0.5, seed=1).configure_fit(1, ndarrays_to_parameters(arrays(1.0)), manager(4))
     assert [p.cid for p, _ in ins] == [p.cid for p, _ in again]  # seeded
 
@@ -64,7 +74,7 @@ def test_configure_fit_samples_ceil_s_n_and_sends_hash():
 def test_each_site_receives_an_independent_noise_draw():
     s = strategy(beta=0.1, seed=0)
     ins = s.configure_fit(3, ndarrays_to_parameters(arrays(1.0)), manager(4))
-    sent = [parameters_to_ndarrays(f.parameters)[0] for _, f in ins]
+    sent = [sent_arrays(f)[0] for _, f in ins]
     assert all(not np.array_equal(sent[0], x) for x in sent[1:])
     assert all(abs(float((x - 1.0).mean())) < 0.3 for x in sent)
 
@@ -79,23 +89,29 @@ def test_aggregate_is_plain_mean_of_valid_updates_and_drops_bad_ones(caplog):
     s = strategy(min_fit_sites=1)
     nan = arrays(5.0)
     nan[0][0, 0] = np.nan
-    wrong_shape = [np.zeros((3, 2), np.float32), np.zeros(3, np.float32)]
-    wrong_dtype = [a.astype(np.float64) for a in arrays(9.0)]
+    need = packed_nbytes(MAN)  # (6 + 3) float32 = 36 bytes
+    one_too_many = raw_bytes([np.zeros(7, np.float32), np.zeros(3, np.float32)])
+    as_float64 = raw_bytes([a.astype(np.float64) for a in arrays(9.0)])
     results = [(FakeProxy("1"), res("market1501", arrays(1.0), n=100)),
                (FakeProxy("2"), res("dukemtmc", arrays(4.0), n=1)),
                (FakeProxy("3"), res("cuhk03", nan)),
-               (FakeProxy("4"), res("msmt17", wrong_shape)),
-               (FakeProxy("5"), res("viper", wrong_dtype))]
+               (FakeProxy("4"), raw_res("msmt17", [one_too_many])),
+               (FakeProxy("5"), raw_res("viper", [as_float64])),
+               (FakeProxy("6"), raw_res("grid", arrays(1.0))),  # unpacked: one array per tensor
+               (FakeProxy("7"), raw_res("ilids", [np.zeros(9, np.float32)]))]  # 36 bytes, not uint8
     with caplog.at_level("WARNING", logger="fedserver"):
         params, metrics = s.aggregate_fit(1, results, [])
     out = parameters_to_ndarrays(params)
     np.testing.assert_allclose(out[0], 2.5)  # (1 + 4) / 2: unweighted, Eq. (8)
     assert metrics["valid_updates"] == 2
     rec = s.records[1]
-    assert set(rec.dropped) == {"cuhk03", "msmt17", "viper"}
-    assert "non-finite" in rec.dropped["cuhk03"] and "shape" in rec.dropped["msmt17"]
-    assert "dtype" in rec.dropped["viper"]
-    for site in ("cuhk03", "msmt17", "viper"):
+    assert set(rec.dropped) == {"cuhk03", "msmt17", "viper", "grid", "ilids"}
+    assert need == 36 and "non-finite" in rec.dropped["cuhk03"]
+    assert f"hold 40 bytes, the manifest {MAN.hash} (2 tensors) needs 36" in rec.dropped["msmt17"]
+    assert "hold 72 bytes" in rec.dropped["viper"] and "needs 36" in rec.dropped["viper"]
+    assert "expected one packed array of 36 bytes" in rec.dropped["grid"] and "found 2 arrays" in rec.dropped["grid"]
+    assert "found a float32 array of shape [9]" in rec.dropped["ilids"]
+    for site in ("cuhk03", "msmt17", "viper", "grid", "ilids"):
         assert any(site in r.getMessage() for r in caplog.records)
 
 
@@ -117,7 +133,7 @@ def test_server_noise_on_the_aggregate_has_std_beta():
     s = strategy(beta=0.2)
     big = Manifest(keys=("embedding.w",), shapes=((200, 200),), dtypes=("float32",))
     s.manifest = big
-    ups = [(FakeProxy(str(i)), res(str(i), [np.full((200, 200), float(i), np.float32)])) for i in range(3)]
+    ups = [(FakeProxy(str(i)), res(str(i), [np.full((200, 200), float(i), np.float32)], man=big)) for i in range(3)]
     params, _ = s.aggregate_fit(1, ups, [])
     d = parameters_to_ndarrays(params)[0] - 1.0
     assert abs(d.mean()) < 0.01 and abs(d.std() - 0.2) < 0.005
