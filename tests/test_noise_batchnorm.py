@@ -11,7 +11,7 @@ from torch import nn
 from common.fedfr_config import FedFRConfig
 from common.models.builder import expected_manifest, model_for
 from common.models.fedfr import expected_fedfr_manifest
-from common.params import get_shared, set_shared
+from common.params import from_wire, get_shared, set_shared, to_wire
 from common.privacy import add_white_noise
 from server.strategy import FedReIDStrategy
 from tests.conftest import tiny_config
@@ -61,7 +61,8 @@ def test_noised_global_model_with_small_running_variances_gives_finite_features(
     man = expected_manifest(cfg)
     a, b = _site_arrays(cfg, man, 1e-4, 1), _site_arrays(cfg, man, 3e-4, 2)
     s = FedReIDStrategy(manifest=man, initial_arrays=a, beta=BETA, min_available_sites=2, wait_for_sites_s=1, seed=3)
-    results = [(FakeProxy("1"), FitRes(Status(Code.OK, ""), ndarrays_to_parameters(x), 10, {"site": name}))
+    results = [(FakeProxy("1"), FitRes(Status(Code.OK, ""), ndarrays_to_parameters(to_wire(man, x)), 10,
+                                                 {"site": name}))
                for name, x in (("a", a), ("b", b))]
     params, _ = s.aggregate_fit(1, results, [])  # Eq. (8) + Eq. (14)
     glob = parameters_to_ndarrays(params)
@@ -78,7 +79,7 @@ def test_noised_global_model_with_small_running_variances_gives_finite_features(
     assert torch.isfinite(f).all()
     # Eq. (15): what each site receives is noised again, the running statistics still are not
     for _, ins in s.configure_fit(2, params, manager(2)):
-        sent = parameters_to_ndarrays(ins.parameters)
+        sent = from_wire(man, parameters_to_ndarrays(ins.parameters), who="test")  # one packed array
         for learn, g, x in zip(man.noise_mask, glob, sent):
             assert learn or np.array_equal(g, x)
         assert torch.isfinite(_eval_features(cfg, man, sent)).all()
