@@ -77,6 +77,12 @@ class FedFRConfig:
     pretrain_lr: float = 0.1
     pretrain_batch_size: int = 128
     pretrain_milestones: list[int] = field(default_factory=lambda: [10, 15, 18])  # lr x0.1 at these epochs
+    # The BN-free sphere nets do not survive lr 0.1 from the first step (the feature norm grows
+    # ~1e7x in one step at 112x112): the lr rises linearly over the first pretrain_warmup_steps
+    # optimiser steps (SphereFace/CosFace-style warm-up; 0 = none), and the gradient norm of each
+    # step is clipped to pretrain_max_grad_norm (0 = no clipping).
+    pretrain_warmup_steps: int = 2000
+    pretrain_max_grad_norm: float = 10.0
 
     # Evaluation (`fedeval task=fedfr`, and the generic part after each round when ijbc_root is set).
     ijbc_root: str = ""  # IJB-C layout: meta/ijbc_face_tid_mid.txt, ... and loose_crop/ (aligned crops)
@@ -105,6 +111,9 @@ class FedFRConfig:
         for key in ("embedding_dim", "image_size", "local_epochs", "hn_chunk", "pretrain_epochs"):
             if getattr(self, key) < 1:
                 raise bad(key, ">= 1", getattr(self, key))
+        for key in ("pretrain_warmup_steps", "pretrain_max_grad_norm"):
+            if not getattr(self, key) >= 0:
+                raise bad(key, ">= 0 (0 = off)", getattr(self, key))
         for key in ("batch_size", "pretrain_batch_size"):
             if getattr(self, key) < 2:
                 raise bad(key, ">= 2", getattr(self, key))

@@ -1,7 +1,10 @@
 """``fedserver experiment=fedfr fedfr.stage=pretrain``: the generic model Theta_g^0 and Phi_g.
 
 CosFace (s = 30, m = 0.4) over the K_g public identities (``fedfr.public_root``, identity
-folders), SGD momentum 0.9, wd 5e-4, lr ``pretrain_lr`` x0.1 at ``pretrain_milestones``. Writes the
+folders), SGD momentum 0.9, wd 5e-4, lr ``pretrain_lr`` x0.1 at ``pretrain_milestones``, rising
+linearly over the first ``pretrain_warmup_steps`` steps, gradient norm clipped to
+``pretrain_max_grad_norm`` (:func:`pretrain_lr`; the sphere nets have no BatchNorm and their feature
+norm explodes when lr 0.1 hits a freshly initialised net). Writes the
 checkpoint the federated run starts from (``fedfr.pretrained``, default ``<run_dir>/pretrained.pt``):
 
     state_dict_backbone   Theta_g^0 (named tensors)
@@ -55,6 +58,20 @@ def load_pretrained(path: str | Path, f: FedFRConfig) -> tuple[FedFRModel, dict[
     return model, ckpt
 
 
+def pretrain_lr(f: FedFRConfig, epoch: int, step: int) -> float:
+    """The lr of optimiser step ``step`` (0-based, counted over the whole run) in ``epoch`` (1-based).
+
+    pretrain_lr * 0.1^(#milestones < epoch) * min(1, (step + 1) / pretrain_warmup_steps): the
+    milestone decay of the CosFace/SphereFace recipes times a linear warm-up.
+    """
+    lr = f.pretrain_lr
+    for _ in range(sum(1 for m in f.pretrain_milestones if m < epoch)):
+        lr *= 0.1  # one factor at a time, as torch's MultiStepLR
+    if f.pretrain_warmup_steps > 0:
+        lr *= min(1.0, (step + 1) / f.pretrain_warmup_steps)
+    return lr
+
+
 def pretrain(public: FaceFolder, f: FedFRConfig, *, seed: int, device: torch.device, num_workers: int = 0,
              on_epoch=None) -> tuple[FedFRModel, list[dict[str, float]]]:
     """CosFace training of [Theta, Phi] on ``public`` for ``f.pretrain_epochs`` epochs."""
@@ -62,23 +79,33 @@ def pretrain(public: FaceFolder, f: FedFRConfig, *, seed: int, device: torch.dev
     model = fedfr_model(f, public.num_identities, 0).to(device)
     loss_fn = CosFaceLoss(f.s, f.m)
     params = list(model.backbone.parameters()) + [model.public_proxies]
-    opt = torch.optim.SGD(params, lr=f.pretrain_lr, momentum=0.9, weight_decay=f.weight_decay)
-    sched = torch.optim.lr_scheduler.MultiStepLR(opt, milestones=list(f.pretrain_milestones), gamma=0.1)
+    opt = torch.optim.SGD(params, lr=pretrain_lr(f, 1, 0), momentum=0.9, weight_decay=f.weight_decay)
     ds = FaceImages(public.records, face_transform(f.image_size, train=True, flip=f.flip))
     g = torch.Generator().manual_seed(stable_seed(seed, "pretrain-loader"))
     loader = DataLoader(ds, batch_size=f.pretrain_batch_size, shuffle=True, generator=g,
                         drop_last=len(ds) > f.pretrain_batch_size, num_workers=num_workers)
-    history = []
+    history, global_step = [], 0
     for epoch in range(1, f.pretrain_epochs + 1):
         t0, total, correct, seen, steps = time.perf_counter(), 0.0, 0, 0, 0
+        norm_sum, norm_max, lr = 0.0, 0.0, pretrain_lr(f, epoch, global_step)
         model.train()
         for x, y, _ in loader:
             x, y = x.to(device), y.to(device)
+            lr = pretrain_lr(f, epoch, global_step)
+            for group in opt.param_groups:
+                group["lr"] = lr
             feats = model.backbone(x)
             loss = loss_fn(feats, y, model.public_proxies)
             opt.zero_grad(set_to_none=True)
             loss.backward()
+            if f.pretrain_max_grad_norm > 0:
+                torch.nn.utils.clip_grad_norm_(params, f.pretrain_max_grad_norm)
             opt.step()
+            global_step += 1
+            with torch.no_grad():
+                norms = feats.detach().norm(dim=1)
+                norm_sum += float(norms.sum())
+                norm_max = max(norm_max, float(norms.max()))
             with torch.no_grad():
                 pred = (torch.nn.functional.normalize(feats, dim=1)
                         @ torch.nn.functional.normalize(model.public_proxies, dim=1).T).argmax(1)
@@ -86,9 +113,10 @@ def pretrain(public: FaceFolder, f: FedFRConfig, *, seed: int, device: torch.dev
             correct += int((pred == y).sum())
             seen += len(y)
             steps += 1
-        sched.step()
-        row = {"epoch": epoch, "loss": total / max(steps, 1), "acc": correct / max(seen, 1),
-               "lr": opt.param_groups[0]["lr"], "seconds": time.perf_counter() - t0}
+        # lr: of the epoch's last step; feature norms |Theta(x)| before the step (mean, max)
+        row = {"epoch": epoch, "loss": total / max(steps, 1), "acc": correct / max(seen, 1), "lr": lr,
+               "feature_norm": norm_sum / max(seen, 1), "feature_norm_max": norm_max, "steps": steps,
+               "seconds": time.perf_counter() - t0}
         history.append(row)
         if on_epoch is not None:
             on_epoch(row)
@@ -110,7 +138,7 @@ def pretrain_main(cfg: ExperimentConfig) -> int:
 
     def show(r: dict) -> None:
         print(f"[pretrain epoch {r['epoch']}/{f.pretrain_epochs}] loss={r['loss']:.3f} acc={100 * r['acc']:.1f} "
-              f"lr={r['lr']:.4g} ({r['seconds']:.1f}s)", flush=True)
+              f"lr={r['lr']:.4g} |f|={r['feature_norm']:.3g} ({r['seconds']:.1f}s)", flush=True)
 
     model, history = pretrain(public, f, seed=cfg.seed, device=torch.device(cfg.eval.device),
                               num_workers=cfg.train.num_workers, on_epoch=show)
