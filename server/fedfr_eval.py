@@ -123,7 +123,7 @@ def personalised_metrics(models: Sequence[nn.Module] | nn.Module, sites: list[Ev
                           [np.array([r.pid for r in t.data.test]) for t in sites])
         if not shared:
             cache.clear()  # a site's own model embeds every site's probes once
-        per_site[s.name] = personalised_site_metrics(i, sf, f.far_targets, f.fpir_targets, f.ranks,
+        per_site[s.name] = personalised_site_metrics(i, sf, f.far_targets, f.personal_fpir_targets, f.ranks,
                                                      f.max_genuine_pairs_per_site)
     return mean_over_sites(per_site), per_site
 
@@ -216,7 +216,8 @@ def write_reports(results: dict, run_dir: Path, f: FedFRConfig) -> None:
         md, c = _table(rows, tar + tpir + rank)
         atomic_write_bytes(run_dir / "fedfr_eval_generic.csv", c.encode())
         text += ["## Generic model, IJB-C-style 1:1 (TAR@FAR) and 1:N (mean of G1, G2), %", "", md, ""]
-    md, c = _table(results["personalised"], tar + tpir + rank)
+    personal_tpir = [f"TPIR@FPIR={a:g}" for a in f.personal_fpir_targets]
+    md, c = _table(results["personalised"], tar + personal_tpir + rank)
     atomic_write_bytes(run_dir / "fedfr_eval_personalised.csv", c.encode())
     n_sites = len(next(iter(results["personalised_per_site"].values()), {}))
     text += [f"## Personalised protocol, mean over {n_sites} sites, %", "", md, ""]
