@@ -103,7 +103,8 @@ class FedFRClient(NumPyClient):
 
         lr = round_learning_rate(self.f.lr, self.f.lr_milestones, self.f.lr_gamma, rnd)
         opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=self.f.momentum, weight_decay=self.f.weight_decay)
-        if st is not None and st.optimizer is not None:
+        # a fresh SGD every round (paper, official code); fedfr.keep_optimizer_state: last round's momentum
+        if self.f.keep_optimizer_state and st is not None and st.optimizer is not None:
             opt.load_state_dict(st.optimizer)  # momentum buffers; it also brings back last round's lr
             for group in opt.param_groups:
                 group["lr"] = lr
@@ -120,7 +121,7 @@ class FedFRClient(NumPyClient):
         save_fedfr_state(self.state_dir, FedFRSiteState(
             site=self.s.site, manifest_hash=self.manifest.hash, public_hash=self.public.identity_hash(),
             num_local=self.data.num_identities, last_round=rnd, rounds_trained=(st.rounds_trained if st else 0) + 1,
-            model=copy.deepcopy(model.state_dict()), optimizer=opt.state_dict(), hard_negatives=hn,
+            model=copy.deepcopy(model.state_dict()), optimizer=opt.state_dict() if self.f.keep_optimizer_state else None, hard_negatives=hn,
             history=(st.history if st else []) + [{"round": rnd, **stats}],
         ))
         seconds = time.perf_counter() - t0

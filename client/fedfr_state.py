@@ -2,7 +2,8 @@
 
 ``<state_dir>/fedfr_state.pt`` keeps the full site model at the end of its last round: the local
 backbone Theta_l (the next round's "previous model" of the contrastive loss, and the
-personalised model's backbone), Phi, W_l and the DFC branch (Pi, Omega, b); the optimizer state;
+personalised model's backbone), Phi, W_l and the DFC branch (Pi, Omega, b); the optimizer state (only with
+``fedfr.keep_optimizer_state``);
 this round's hard-negative indices; and a per-round history. Nothing here is ever sent.
 
 As for the Re-ID site (``client/state.py``), the state the last round started from is kept in

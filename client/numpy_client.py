@@ -114,7 +114,8 @@ class FedReIDClient(NumPyClient):
         new = SiteState(
             site=self.s.site, manifest_hash=self.manifest.hash, num_classes=self.num_classes,
             last_round=server_round, rounds_trained=(st.rounds_trained if st else 0) + 1,
-            model=copy.deepcopy(model.state_dict()), optimizer=opt.state_dict(),
+            model=copy.deepcopy(model.state_dict()),
+            optimizer=opt.state_dict() if self.cfg.train.keep_optimizer_state else None,
             history=(st.history if st else []) + [{"round": server_round, **stats}],
         )
         save_state(self.state_dir, new)
@@ -149,7 +150,8 @@ class FedReIDClient(NumPyClient):
               "weight_decay": t.weight_decay}
         opt = make_optimizer(model, **kw)
         eopt = make_optimizer(expert, **kw) if expert is not None else None
-        if st is not None and st.optimizer is not None:
+        # a fresh SGD every round (both papers' public codes); train.keep_optimizer_state: last round's momentum
+        if t.keep_optimizer_state and st is not None and st.optimizer is not None:
             opt.load_state_dict(st.optimizer)
         # the expert is a new model every round (Eq. 10): its optimizer starts afresh too
         for o in (opt, eopt):

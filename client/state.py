@@ -2,7 +2,8 @@
 
 Kept in ``<state_dir>/site_state.pt`` (atomic writes): the mapping head (Eq. 7), the model at the
 end of the last round (the next local expert, Eq. 10, and the "previous local model"), the
-client optimizer's state (momentum), the round counter and the manifest hash the state was trained under.
+client optimizer's state (momentum; only with ``train.keep_optimizer_state``, otherwise each round builds a
+fresh SGD), the round counter and the manifest hash the state was trained under.
 Nothing here is ever sent to the coordinator.
 
 The state a round started from is kept too, in ``site_state.prev.pt``: a coordinator that dies

@@ -54,6 +54,9 @@ class TrainConfig:
     momentum: float = 0.9  # SGD Nesterov
     nesterov: bool = True
     weight_decay: float = 5e-4
+    # false (neither paper keeps it; both public codes build a fresh SGD every round): fresh momentum
+    # each round; true: a site restores last round's SGD momentum onto the new global model
+    keep_optimizer_state: bool = False
     lr_step_rounds: int = 40  # x lr_gamma every 40 rounds
     lr_gamma: float = 0.1
     local_expert: bool = True  # Eq. (10)-(13); false = the "no local expert" baseline

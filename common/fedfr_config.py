@@ -69,6 +69,9 @@ class FedFRConfig:
     lr_gamma: float = 0.1
     momentum: float = 0.9
     weight_decay: float = 5e-4
+    # false (the paper and the official code): a fresh SGD every round; true: a site restores last
+    # round's momentum buffers onto the new global model
+    keep_optimizer_state: bool = False
     max_steps_per_epoch: int = 0  # 0 = whole epoch; > 0 caps an epoch (demo/tests)
     flip: bool = True  # random horizontal flip (insightface training augmentation)
 

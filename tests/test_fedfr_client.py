@@ -182,7 +182,8 @@ def test_round_learning_rate_steps_at_the_milestones():
 
 
 def test_each_round_trains_at_its_scheduled_lr_after_the_optimizer_state_is_restored(world, tmp_path):
-    cfg = tiny_fedfr_config(world, tmp_path, t_hn=0.9, lr=0.05, lr_milestones=[2], lr_gamma=0.1)
+    cfg = tiny_fedfr_config(world, tmp_path, t_hn=0.9, lr=0.05, lr_milestones=[2], lr_gamma=0.1,
+                            keep_optimizer_state=True)
     c = FedFRClient(cfg, settings(world, tmp_path, "face1"))
     _, _, m1 = c.fit(global_arrays(cfg, PUBLIC, 1), conf(cfg, 1))
     saved1 = load_fedfr_state(tmp_path / "face1").optimizer
