@@ -18,6 +18,7 @@ from tests.conftest import tiny_config
 from tests.fedfr_util import global_arrays as face_arrays
 from tests.fedfr_util import settings, tiny_fedfr_config, tiny_world
 from tests.test_site_client import fit_config, global_arrays, make_client
+from tests.wire import Unpacked
 
 PUBLIC = 6
 
@@ -67,7 +68,7 @@ def test_fedfr_site_momentum_per_round(world, tmp_path, monkeypatch, keep):
     assert tiny_fedfr_config(world, tmp_path).fedfr.keep_optimizer_state is False  # the default
     seen: list = []
     _spy(monkeypatch, fc, "train_local", seen)
-    c = FedFRClient(cfg, settings(world, tmp_path, "face1"))
+    c = Unpacked(FedFRClient(cfg, settings(world, tmp_path, "face1")))
     h = expected_fedfr_manifest(cfg.fedfr, PUBLIC).hash
     c.fit(face_arrays(cfg, PUBLIC, 1), {"server_round": 1, "manifest_hash": h})
     saved = load_fedfr_state(tmp_path / "face1").optimizer
