@@ -18,6 +18,8 @@ BACKBONES = ("sphere4", "sphere20", "sphere36", "sphere64")
 STAGES = ("train", "pretrain")
 INIT_LOCAL = ("imprint", "random")
 BIAS_INIT = ("zero", "sphereface2")
+# common.evaluation.fedfr_protocols.IDENTIFICATION_PROTOCOLS (a test checks that they agree)
+IJBC_IDENTIFICATION = ("nist", "insightface")
 PUBLIC_NEGATIVES = ("hard", "all")
 
 
@@ -88,7 +90,13 @@ class FedFRConfig:
     pretrain_max_grad_norm: float = 10.0
 
     # Evaluation (`fedeval task=fedfr`, and the generic part after each round when ijbc_root is set).
-    ijbc_root: str = ""  # IJB-C layout: meta/ijbc_face_tid_mid.txt, ... and loose_crop/ (aligned crops)
+    # IJB-C folder: meta/ (ijbc_face_tid_mid.txt, ..., ijbc_name_5pts_score.txt) and loose_crop/.
+    # Images are aligned to the ArcFace 112x112 template by their five landmarks; without the
+    # landmarks file only aligned 112x112 crops are accepted (common/datasets/ijbc_images.py).
+    ijbc_root: str = ""
+    ijbc_detector_score: bool = True  # image features x detector score (insightface's D1; needs the landmarks file)
+    ijbc_flip: bool = False  # image feature + its mirror's (insightface's F1)
+    ijbc_identification: str = "nist"  # 1:N: nist (G1, G2 open set, mean) | insightface (ijb_1n.py: G1+G2)
     far_targets: list[float] = field(default_factory=lambda: [1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1])
     fpir_targets: list[float] = field(default_factory=lambda: [0.01, 0.1])  # IJB-C 1:N (the generic model)
     # Personalised 1:N: the paper names no FPIR points. A site has ~156k non-mated probes at the
@@ -112,6 +120,8 @@ class FedFRConfig:
             raise bad("bce_bias_init", f"one of {', '.join(BIAS_INIT)}", self.bce_bias_init)
         if self.public_negatives not in PUBLIC_NEGATIVES:
             raise bad("public_negatives", f"one of {', '.join(PUBLIC_NEGATIVES)}", self.public_negatives)
+        if self.ijbc_identification not in IJBC_IDENTIFICATION:
+            raise bad("ijbc_identification", f"one of {', '.join(IJBC_IDENTIFICATION)}", self.ijbc_identification)
         if self.init_local not in INIT_LOCAL:
             raise bad("init_local", f"one of {', '.join(INIT_LOCAL)}", self.init_local)
         for key in ("embedding_dim", "image_size", "local_epochs", "hn_chunk", "pretrain_epochs"):

@@ -34,12 +34,14 @@ from torch import nn
 from client.fedfr_state import load_fedfr_state
 from common.checkpoint import atomic_json_save, atomic_write_bytes, torch_load
 from common.config import ExperimentConfig
-from common.datasets.base import Record
 from common.datasets.face_folder import FaceSite
-from common.evaluation.face_features import embed
+from common.datasets.ijbc import LANDMARKS_FILE
+from common.datasets.ijbc_images import IJBCImages
+from common.evaluation.face_features import embed, embed_dataset_chunks
 from common.evaluation.fedfr_protocols import (
     IJBCMeta,
     SiteFeatures,
+    generic_headline,
     ijbc_identification,
     ijbc_verification,
     mean_over_sites,
@@ -67,7 +69,7 @@ class GenericEvaluator:
     def __call__(self, arrays: list[np.ndarray]) -> dict[str, float]:
         set_shared(self.model, self.manifest, arrays)
         m = generic_metrics(self.model.backbone, self.meta, self.cfg, self.device)
-        out = {f"ijbc/{k.removeprefix('mean/')}": v for k, v in m.items() if "/" not in k or k.startswith("mean/")}
+        out = {f"ijbc/{k}": v for k, v in generic_headline(m).items()}
         if "ijbc/rank-1" in out:
             out["ijbc/R1"] = out["ijbc/rank-1"]  # the key the round line and curves.png show
         return out
@@ -75,15 +77,40 @@ class GenericEvaluator:
 
 def generic_metrics(backbone: nn.Module, meta: IJBCMeta, cfg: ExperimentConfig, device: torch.device
                     ) -> dict[str, float]:
-    """TAR@FAR (1:1) and, per gallery and mean, TPIR@FPIR and rank-k (1:N) of ``backbone``."""
+    """TAR@FAR (1:1) and TPIR@FPIR / rank-k (1:N, ``fedfr.ijbc_identification``) of ``backbone``.
+
+    Images aligned by their landmarks (or aligned 112x112 crops), raw features (their norm acts as
+    a quality weight, insightface's N1), x the detector score when ``fedfr.ijbc_detector_score``,
+    + the mirror's feature when ``fedfr.ijbc_flip``; then template-pooled and normalised.
+    """
     f = cfg.fedfr
-    records = [Record(p, 0, 0) for p in meta.images]
-    # insightface: raw image features (their norm acts as a quality weight), template-normalised
-    feats = embed(backbone, records, image_size=f.image_size, batch_size=cfg.eval.batch_size, device=device,
-                  normalize=False, flip=cfg.eval.flip)
-    ids, tfeats = template_features(feats, meta.templates, meta.medias)
+    check_generic_protocol(meta, f)
+    chunks = embed_dataset_chunks(backbone, IJBCImages(meta, f.image_size), batch_size=cfg.eval.batch_size,
+                                  device=device, num_workers=cfg.train.num_workers, normalize=False, flip=f.ijbc_flip)
+    feats = np.concatenate(list(chunks))
+    weights = meta.scores if f.ijbc_detector_score else None
+    ids, tfeats = template_features(feats, meta.templates, meta.medias, weights)
     out = {f"TAR@FAR={a:g}": v for a, v in ijbc_verification(ids, tfeats, meta.pairs, f.far_targets).items()}
-    return out | ijbc_identification(ids, tfeats, meta, f.fpir_targets, f.ranks)
+    return out | ijbc_identification(ids, tfeats, meta, f.fpir_targets, f.ranks, f.ijbc_identification)
+
+
+def check_generic_protocol(meta: IJBCMeta, f: FedFRConfig) -> None:
+    """Detector-score weighting needs the scores: refuse (before any model work) when they are missing."""
+    if f.ijbc_detector_score and meta.scores is None:
+        root = Path(meta.images[0]).parent.parent if meta.images else Path(f.ijbc_root)
+        raise ValueError(
+            f"fedfr.ijbc_detector_score=true weights IJB-C features by the detector scores of "
+            f"{root}/meta/{LANDMARKS_FILE}, which is missing; add that file (the IJB-C release has it) or "
+            "set fedfr.ijbc_detector_score=false to score aligned 112x112 crops unweighted"
+        )
+
+
+def generic_protocol(meta: IJBCMeta, f: FedFRConfig) -> dict[str, object]:
+    """How the generic numbers were computed (written next to them)."""
+    return {"alignment": f"5-point similarity to the ArcFace template ({meta.landmarks_file})" if meta.landmarks
+            is not None else "none: aligned 112x112 crops", "detector_score": bool(f.ijbc_detector_score),
+            "flip": bool(f.ijbc_flip), "identification": f.ijbc_identification,
+            "tar_at_far": "exact: smallest threshold with FAR <= target"}
 
 
 @dataclass
@@ -178,6 +205,7 @@ def fedfr_eval_main(cfg: ExperimentConfig) -> int:
     results: dict = {"run_dir": str(run_dir), "generic": {}, "personalised": {}, "personalised_per_site": {}}
     if f.ijbc_root:
         meta = read_ijbc_meta(f.ijbc_root)
+        results["generic_protocol"] = generic_protocol(meta, f)
         for name, bb in generic.items():
             results["generic"][name] = generic_metrics(bb, meta, cfg, device)
     sites = eval_sites(cfg)
@@ -211,11 +239,15 @@ def write_reports(results: dict, run_dir: Path, f: FedFRConfig) -> None:
     rank = [f"rank-{k}" for k in f.ranks]
     text = [f"# FedFR evaluation ({run_dir})", ""]
     if results["generic"]:
-        rows = {n: {k.removeprefix("mean/"): v for k, v in m.items() if "/" not in k or k.startswith("mean/")}
-                for n, m in results["generic"].items()}
+        rows = {n: generic_headline(m) for n, m in results["generic"].items()}
         md, c = _table(rows, tar + tpir + rank)
         atomic_write_bytes(run_dir / "fedfr_eval_generic.csv", c.encode())
-        text += ["## Generic model, IJB-C-style 1:1 (TAR@FAR) and 1:N (mean of G1, G2), %", "", md, ""]
+        one_n = {"nist": "mean of G1, G2 (NIST open set)", "insightface": "G1+G2, insightface's ijb_1n"}
+        p = results.get("generic_protocol", {})
+        how = (f"1:N {one_n.get(p.get('identification', 'nist'))}; detector-score weighting "
+               f"{'on' if p.get('detector_score') else 'off'}; flip {'on' if p.get('flip') else 'off'}; "
+               f"alignment: {p.get('alignment', '?')}")
+        text += ["## Generic model, IJB-C-style 1:1 (TAR@FAR) and 1:N, %", "", how, "", md, ""]
     personal_tpir = [f"TPIR@FPIR={a:g}" for a in f.personal_fpir_targets]
     md, c = _table(results["personalised"], tar + personal_tpir + rank)
     atomic_write_bytes(run_dir / "fedfr_eval_personalised.csv", c.encode())

@@ -27,6 +27,9 @@ from common.compose import REPO_ROOT, compose_experiment
 from common.datasets.face_split import plan_split, read_identities, write_split
 from common.datasets.synthetic_faces import write_identity_folders, write_ijbc_layout
 
+# The IJB-C-style set is written as aligned 112x112 crops without landmarks (what the evaluation
+# accepts without meta/ijbc_name_5pts_score.txt); the evaluation resizes them to fedfr.image_size.
+IJBC_SIZE = 112
 DATA_PARAMS = ("public_ids", "public_images", "ids_per_site", "train", "test", "ijbc_subjects", "size", "seed")
 
 
@@ -36,7 +39,7 @@ def write_data(data: Path, sites: list[str], a: argparse.Namespace) -> dict[str,
     Skipped when ``data`` already holds the set of these very parameters (``.complete`` records
     them); a set written with other parameters (an older demo, other counts) is rewritten.
     """
-    params = {"sites": sites, **{k: getattr(a, k) for k in DATA_PARAMS}}
+    params = {"sites": sites, **{k: getattr(a, k) for k in DATA_PARAMS}, "ijbc_size": IJBC_SIZE}
     marker = data / ".complete"
     try:
         done = json.loads(marker.read_text()) == params
@@ -55,7 +58,7 @@ def write_data(data: Path, sites: list[str], a: argparse.Namespace) -> dict[str,
                           ids_per_client=a.ids_per_site, train_per_id=a.train, test_per_id=a.test, seed=a.seed)
         plan.sites = dict(zip(sites, plan.sites.values()))  # name the clients as the sites
         write_split(plan, data / "split")
-        write_ijbc_layout(data / "ijbc", a.ijbc_subjects, size=a.size, seed=a.seed,
+        write_ijbc_layout(data / "ijbc", a.ijbc_subjects, size=IJBC_SIZE, seed=a.seed,
                           first_identity=a.public_ids + n_site_ids)
         marker.write_text(json.dumps(params))
     return {"public": data / "public", "ijbc": data / "ijbc",

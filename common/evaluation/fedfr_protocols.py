@@ -1,13 +1,21 @@
 """FedFR's evaluation protocols (seed 001; PROTOCOLS.md "Face verification metrics"), pure numpy.
 
-Generic (IJB-C, the files insightface's IJB scripts read, see ``read_ijbc_meta``):
+Generic (IJB-C, the files insightface's IJB scripts read, ``common.datasets.ijbc``):
+- image feature = the model's raw (unnormalised) feature of the aligned crop, plus that of its
+  mirror with ``flip`` (insightface's F1), times the image's detector score when weighted
+  (insightface's D1; its norm is kept, N1);
 - template feature = L2-normalise( sum over the template's media of (mean of the media's image
   features) ), :func:`template_features`;
 - 1:1: cosine of the two template features of each pair of ``ijbc_template_pair_label.txt``,
-  TAR at each FAR target (``verification.tar_at_far``, exact);
-- 1:N: galleries G1 and G2 (one template per subject) against the mixed probe templates; probes
-  whose subject is in the other gallery are the non-mated ones; TPIR@FPIR and CMC rank-k
-  (``identification.tpir_at_fpir``), reported per gallery and as their mean.
+  TAR at each FAR target (``verification.tar_at_far``, exact: the smallest threshold with
+  FAR <= target; insightface reads its ROC at the FPR nearest the target);
+- 1:N, by name (:data:`IDENTIFICATION_PROTOCOLS`):
+  ``nist``: galleries G1 and G2 (one template per subject) against the mixed probe templates;
+  probes whose subject is in the other gallery are the non-mated ones; TPIR@FPIR and CMC rank-k
+  (``identification.tpir_at_fpir``), reported per gallery (``G1/``, ``G2/``) and as their mean
+  (``mean/``, the headline);
+  ``insightface``: insightface's ijb_1n.py, G1+G2 as one gallery, every probe mated
+  (``insightface_1n``), reported under ``G1+G2/``.
 
 Personalised, for one site i with its own features (every image embedded by the site's model):
 - 1:1: genuine = every pair of the site's test images of one identity; impostor = every pair of a
@@ -19,64 +27,33 @@ The reported figure of a protocol is the mean over sites.
 
 from __future__ import annotations
 
-import csv
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
+from common.datasets.ijbc import IJBCMeta, read_ijbc_meta  # noqa: F401 - re-exported (the protocol's inputs)
 from common.evaluation.identification import tpir_at_fpir
+from common.evaluation.insightface_1n import insightface_identification
 from common.evaluation.verification import tar_at_far
 
-IJBC_LAYOUT = ("<root>/loose_crop/<image>, <root>/meta/ijbc_face_tid_mid.txt, ijbc_template_pair_label.txt, "
-               "ijbc_1N_gallery_G1.csv, ijbc_1N_gallery_G2.csv, ijbc_1N_probe_mixed.csv")
+IDENTIFICATION_PROTOCOLS = ("nist", "insightface")
+HEADLINE = {"nist": "mean/", "insightface": "G1+G2/"}  # the prefix of a protocol's reported 1:N figures
 
 
-@dataclass
-class IJBCMeta:
-    images: list[str]  # image paths, in the order of ijbc_face_tid_mid.txt
-    templates: np.ndarray  # (n_images,) template id of each image
-    medias: np.ndarray  # (n_images,) media id of each image
-    pairs: np.ndarray  # (n_pairs, 3): t1, t2, label (1 genuine, 0 impostor)
-    galleries: dict[str, np.ndarray]  # "G1"/"G2" -> (n, 2): template id, subject id
-    probes: np.ndarray  # (n, 2): template id, subject id
+def template_features(image_feats: np.ndarray, templates: np.ndarray, medias: np.ndarray,
+                      weights: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(template ids sorted, (T, d) features): media-average, then template-sum, then L2-normalise.
 
-
-def read_ijbc_meta(root: str | Path) -> IJBCMeta:
-    """Read an IJB-C folder; a missing file is an error naming it and the expected layout."""
-    root = Path(root)
-    meta = root / "meta"
-
-    def need(p: Path) -> Path:
-        if not p.is_file():
-            raise FileNotFoundError(f"IJB-C: missing file {p}\n  expected layout: {IJBC_LAYOUT}")
-        return p
-
-    names, templates, medias = [], [], []
-    for line in need(meta / "ijbc_face_tid_mid.txt").read_text().split("\n"):
-        if line.strip():
-            n, t, m = line.split()[:3]
-            names.append(str(root / "loose_crop" / n))
-            templates.append(int(t))
-            medias.append(int(m))
-    pairs = np.loadtxt(need(meta / "ijbc_template_pair_label.txt"), dtype=np.int64, ndmin=2)[:, :3]
-
-    def tmpl_subject(name: str) -> np.ndarray:
-        with open(need(meta / name), newline="") as f:
-            rows = list(csv.reader(f))[1:]  # header TEMPLATE_ID,SUBJECT_ID,...
-        return np.unique(np.array([[int(r[0]), int(r[1])] for r in rows if r], dtype=np.int64).reshape(-1, 2),
-                         axis=0)
-
-    return IJBCMeta(names, np.array(templates), np.array(medias), pairs,
-                    {"G1": tmpl_subject("ijbc_1N_gallery_G1.csv"), "G2": tmpl_subject("ijbc_1N_gallery_G2.csv")},
-                    tmpl_subject("ijbc_1N_probe_mixed.csv"))
-
-
-def template_features(image_feats: np.ndarray, templates: np.ndarray, medias: np.ndarray
-                      ) -> tuple[np.ndarray, np.ndarray]:
-    """(template ids sorted, (T, d) features): media-average, then template-sum, then L2-normalise."""
+    ``weights`` (n_images,): each image feature is multiplied by its weight first (IJB-C: the
+    detector score, as insightface's D1 test mode).
+    """
     image_feats = np.asarray(image_feats, dtype=np.float64)
+    if weights is not None:
+        weights = np.asarray(weights, dtype=np.float64).ravel()
+        if weights.shape != (len(image_feats),) or not np.isfinite(weights).all():
+            raise ValueError(f"expected one finite weight per image ({len(image_feats)}), found shape {weights.shape}")
+        image_feats = image_feats * weights[:, None]
     # media ids are global in IJB-C, but a media is averaged within its template only
     tm = np.stack([templates, medias], axis=1)
     keys, media_of_image = np.unique(tm, axis=0, return_inverse=True)
@@ -100,16 +77,35 @@ def ijbc_verification(ids: np.ndarray, feats: np.ndarray, pairs: np.ndarray, far
 
 
 def ijbc_identification(ids: np.ndarray, feats: np.ndarray, meta: IJBCMeta, fpir_targets: Sequence[float],
-                        ranks: Sequence[int]) -> dict[str, float]:
-    """TPIR@FPIR and rank-k for each gallery (G1, G2) with the mixed probes, and their mean."""
-    out: dict[str, float] = {}
+                        ranks: Sequence[int], protocol: str = "nist") -> dict[str, float]:
+    """1:N of the template features by ``protocol`` (module docstring): TPIR@FPIR and rank-k.
+
+    ``nist``: per gallery (G1, G2) with the mixed probes, and their mean; ``insightface``: G1+G2.
+    """
+    if protocol not in IDENTIFICATION_PROTOCOLS:
+        raise ValueError(f"IJB-C 1:N protocol: expected one of {', '.join(IDENTIFICATION_PROTOCOLS)}, "
+                         f"found {protocol!r}")
     probe_feats = feats[_index(ids, meta.probes[:, 0])]
+    if protocol == "insightface":
+        g = np.concatenate(list(meta.galleries.values()))
+        r = insightface_identification(probe_feats, meta.probes[:, 1], feats[_index(ids, g[:, 0])], g[:, 1],
+                                       fpir_targets, ranks)
+        return {f"{HEADLINE['insightface']}{k}": v for k, v in r.items()}
+    out: dict[str, float] = {}
     for name, g in meta.galleries.items():
         r = tpir_at_fpir(probe_feats, meta.probes[:, 1], feats[_index(ids, g[:, 0])], g[:, 1], fpir_targets, ranks)
         out |= {f"{name}/TPIR@FPIR={a:g}": v for a, v in r.tpir.items()}
         out |= {f"{name}/rank-{k}": v for k, v in r.cmc.items()}
     for key in sorted({k.split("/", 1)[1] for k in out}):
         out[f"mean/{key}"] = float(np.mean([out[f"{g}/{key}"] for g in meta.galleries]))
+    return out
+
+
+def generic_headline(metrics: dict[str, float]) -> dict[str, float]:
+    """The reported generic figures without prefixes: TAR@FAR and the 1:N protocol's headline keys."""
+    out = {k: v for k, v in metrics.items() if "/" not in k}
+    for prefix in HEADLINE.values():
+        out |= {k.removeprefix(prefix): v for k, v in metrics.items() if k.startswith(prefix)}
     return out
 
 
