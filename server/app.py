@@ -150,6 +150,8 @@ def resume_checkpoint(cfg: ExperimentConfig, manifest: Manifest) -> ServerCheckp
 def server_fn(context: Context) -> ServerAppComponents:
     setup_logging("fedserver")
     cfg = ExperimentConfig.from_json(str(context.run_config.get("experiment-json", "{}")))
+    if cfg.train.threads > 0:  # the coordinator's evaluation: the same numbers whatever the machine's core count
+        torch.set_num_threads(cfg.train.threads)
     if cfg.task == "fedfr":  # FedFR (seed 001): FedFRStrategy, a FedReIDStrategy subclass
         from server.fedfr_app import build_fedfr_components
 

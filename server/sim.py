@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import signal
 import subprocess
 import sys
@@ -20,6 +21,8 @@ from pathlib import Path
 
 from common import processes
 from common.compose import REPO_ROOT
+from common.datasets import layouts, synthetic
+from common.datasets.fingerprint import data_fingerprint, is_current, mark_complete
 from common.datasets.layouts import write_layout
 from common.datasets.synthetic import write_market_layout
 
@@ -32,7 +35,8 @@ TARGETS = {"synth_a": ("market1501", 101), "synth_b": ("market1501", 102)}
 
 def write_data(data_dir: Path, sites: list[str], *, train_ids: int, images_per_id: int, target_ids: int,
                real_layouts: bool = False) -> dict:
-    """One private dataset per site and two unseen target domains (skipped if already written).
+    """One private dataset per site and two unseen target domains (reused only if the current
+    generator wrote them with these parameters, else rewritten: see common/datasets/fingerprint.py).
 
     Returns name -> (reader, root). By default every site is written in the Market-1501 layout;
     ``real_layouts`` writes dukemtmc, cuhk03 and msmt17 in their own layouts (read by their readers).
@@ -40,21 +44,33 @@ def write_data(data_dir: Path, sites: list[str], *, train_ids: int, images_per_i
     roots = {}
     for i, site in enumerate(sites):
         layout = REAL_LAYOUTS.get(site, "market1501") if real_layouts else "market1501"
-        root = data_dir / site
-        if not (root / ".complete").exists():
-            opts = {"extract": True} if layout == "cuhk03" else {}
-            write_layout(layout, root, num_ids=2 * train_ids, images_per_id=min(images_per_id, 10),
-                         seed=10 + i, identity_seed=1000 + i, height=128, width=64, **opts)
-            (root / ".complete").touch()
-        roots[site] = (layout, root)
+        opts = {"extract": True} if layout == "cuhk03" else {}
+        params = {"layout": layout, "num_ids": 2 * train_ids, "images_per_id": min(images_per_id, 10),
+                  "seed": 10 + i, "identity_seed": 1000 + i, "height": 128, "width": 64, **opts}
+        roots[site] = (layout, _write_once(data_dir / site, params, lambda root, p: write_layout(
+            p["layout"], root, **{k: v for k, v in p.items() if k != "layout"})))
     for name, (layout, seed) in TARGETS.items():
-        root = data_dir / name
-        if not (root / ".complete").exists():
-            write_market_layout(root, num_train_ids=2, num_test_ids=target_ids, images_per_id=8,
-                                num_distractors=20, seed=seed, identity_seed=2000 + seed)
-            (root / ".complete").touch()
-        roots[name] = (layout, root)
+        params = {"num_train_ids": 2, "num_test_ids": target_ids, "images_per_id": 8, "num_distractors": 20,
+                  "seed": seed, "identity_seed": 2000 + seed}
+        roots[name] = (layout, _write_once(data_dir / name, params, lambda root, p: write_market_layout(root, **p)))
     return roots
+
+
+def _write_once(root: Path, params: dict, write) -> Path:
+    """``write(root, params)`` unless ``root`` already holds exactly what the current generator
+    writes with ``params`` (fingerprint of its source and the parameters); stale data is replaced."""
+    fp = data_fingerprint([synthetic, layouts], params)
+    if not is_current(root, fp):
+        shutil.rmtree(root, ignore_errors=True)
+        write(root, params)
+        mark_complete(root, fp, params)
+    return root
+
+
+def clear_site_states(state_dir: Path, sites: list[str]) -> None:
+    """A demo starts every site afresh: no head, expert or optimiser state of an earlier run."""
+    for site in sites:
+        shutil.rmtree(state_dir / site, ignore_errors=True)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -76,6 +92,7 @@ def main(argv: list[str] | None = None) -> None:
     roots = write_data(out / "data", a.sites, train_ids=a.train_ids, images_per_id=a.images_per_id,
                        target_ids=a.target_ids, real_layouts=a.site_layouts == "real")
     print(f"fedsim: synthetic data in {out / 'data'} ({time.time() - t0:.1f}s)", flush=True)
+    clear_site_states(out / "state", a.sites)  # the run folder itself is retired by fedserver
     port = a.port or processes.free_port()
     address = f"127.0.0.1:{port}"
     server_overrides = [

@@ -24,7 +24,9 @@ from pathlib import Path
 
 from common import processes
 from common.compose import REPO_ROOT, compose_experiment
+from common.datasets import face_split, synthetic_faces
 from common.datasets.face_split import plan_split, read_identities, write_split
+from common.datasets.fingerprint import MARKER, data_fingerprint, is_current, mark_complete
 from common.datasets.synthetic_faces import write_identity_folders, write_ijbc_layout
 
 # The IJB-C-style set is written as aligned 112x112 crops without landmarks (what the evaluation
@@ -36,19 +38,17 @@ DATA_PARAMS = ("public_ids", "public_images", "ids_per_site", "train", "test", "
 def write_data(data: Path, sites: list[str], a: argparse.Namespace) -> dict[str, Path]:
     """Synthetic source set -> split (public + sites) and an IJB-C-style set.
 
-    Skipped when ``data`` already holds the set of these very parameters (``.complete`` records
-    them); a set written with other parameters (an older demo, other counts) is rewritten.
+    Skipped when ``data`` already holds the set that the current generator writes with these very
+    parameters (``.complete`` records a fingerprint of both); a set written by another version of
+    the generator or with other parameters is rewritten.
     """
     params = {"sites": sites, **{k: getattr(a, k) for k in DATA_PARAMS}, "ijbc_size": IJBC_SIZE}
-    marker = data / ".complete"
-    try:
-        done = json.loads(marker.read_text()) == params
-    except (OSError, ValueError):
-        done = False
-    if not done:
+    fp = data_fingerprint([synthetic_faces, face_split], params)  # the generator's code and parameters
+    if not is_current(data, fp):
         for sub in ("public", "source", "split", "ijbc"):
             shutil.rmtree(data / sub, ignore_errors=True)
-        marker.unlink(missing_ok=True)
+        (data / MARKER).unlink(missing_ok=True)
+        data.mkdir(parents=True, exist_ok=True)
         # public identities 0..K_g-1, the sites' people K_g.., the IJB-C-style subjects after them
         write_identity_folders(data / "public", a.public_ids, a.public_images, size=a.size, seed=a.seed)
         n_site_ids = len(sites) * a.ids_per_site
@@ -60,7 +60,7 @@ def write_data(data: Path, sites: list[str], a: argparse.Namespace) -> dict[str,
         write_split(plan, data / "split")
         write_ijbc_layout(data / "ijbc", a.ijbc_subjects, size=IJBC_SIZE, seed=a.seed,
                           first_identity=a.public_ids + n_site_ids)
-        marker.write_text(json.dumps(params))
+        mark_complete(data, fp, params)
     return {"public": data / "public", "ijbc": data / "ijbc",
             **{s: data / "split" / "clients" / s for s in sites}}
 
@@ -86,6 +86,8 @@ def main(argv: list[str] | None = None) -> None:
     t0 = time.time()
     roots = write_data(out / "data", a.sites, a)
     print(f"sim_fedfr: synthetic faces in {out / 'data'} ({time.time() - t0:.0f}s)", flush=True)
+    for site in a.sites:  # every site starts afresh (no DFC, W_l or previous model of an earlier run)
+        shutil.rmtree(out / "state" / site, ignore_errors=True)
     address = f"127.0.0.1:{a.port or processes.free_port()}"
     common_overrides = [
         "experiment=fedfr-demo", f"run_dir={out}", f"sites=[{','.join(a.sites)}]", f"seed={a.seed}",

@@ -1,0 +1,103 @@
+"""The demo gives the same numbers every time: synthetic data is reused only when the current
+generator wrote it with the same parameters, sites start without an earlier run's state, and the
+coordinator's evaluation does not depend on the machine's thread count."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import types
+from pathlib import Path
+
+import pytest
+
+from common.datasets.fingerprint import MARKER, data_fingerprint
+from server.sim import write_data
+from tests.procutil import processes_mentioning, run_to_end
+
+REPO = Path(__file__).resolve().parents[1]
+SMALL = {"train_ids": 3, "images_per_id": 3, "target_ids": 3}
+
+
+def _files(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()
+            and p.name != MARKER}
+
+
+def test_the_fingerprint_follows_the_generators_source_and_parameters(tmp_path):
+    src = tmp_path / "gen.py"
+    src.write_text("SCALE = 1\n")
+    m = types.ModuleType("gen")
+    m.__file__ = str(src)  # what inspect.getfile reads of a module
+    a = data_fingerprint([m], {"ids": 3})
+    assert data_fingerprint([m], {"ids": 3}) == a
+    assert data_fingerprint([m], {"ids": 4}) != a
+    src.write_text("SCALE = 2\n")  # another version of the generator
+    assert data_fingerprint([m], {"ids": 3}) != a
+
+
+def test_demo_data_of_an_older_generator_is_rewritten(tmp_path):
+    fresh = write_data(tmp_path / "fresh", ["market1501", "dukemtmc"], **SMALL)
+    data = tmp_path / "data"
+    roots = write_data(data, ["market1501", "dukemtmc"], **SMALL)
+    site = roots["market1501"][1]
+    stamp = {p: p.stat().st_mtime_ns for p in site.rglob("*.jpg")}
+    write_data(data, ["market1501", "dukemtmc"], **SMALL)  # same generator, same parameters: kept
+    assert {p: p.stat().st_mtime_ns for p in site.rglob("*.jpg")} == stamp
+    # what an older version left: other images and the old empty marker
+    some = next(iter(stamp))
+    some.write_bytes(b"stale")
+    (site / "leftover_of_old_layout.jpg").write_bytes(b"x")
+    (site / MARKER).write_text("")
+    write_data(data, ["market1501", "dukemtmc"], **SMALL)
+    for name in ("market1501", "dukemtmc", "synth_a", "synth_b"):
+        assert _files(data / name) == _files(fresh[name][1]), name  # exactly what a fresh clone writes
+
+
+def _demo(out: Path, threads: str, tmp_path: Path) -> list[dict]:
+    cmd = [sys.executable, "-m", "server.sim", "--out", str(out), "--sites", "market1501", "dukemtmc",
+           "--train-ids", "4", "--images-per-id", "4", "--target-ids", "4", "--timeout", "420",
+           "rounds=1", "model.height=32", "model.width=16", "train.batch_size=4", "train.max_steps_per_epoch=2",
+           "wait_for_sites_s=120", "round_timeout_s=180"]
+    env = {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)  # inherited by fedserver, the ServerApp and the sites
+    try:
+        code, output = run_to_end(cmd, cwd=REPO, marker=str(tmp_path), timeout_s=480)
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    assert code == 0, output[-4000:]
+    return json.loads((out / "metrics.json").read_text())
+
+
+def _numbers(rows: list[dict]) -> list[dict]:
+    keep = ("/R1", "/R5", "/mAP")
+    out = []
+    for r in rows:
+        row = {k: v for k, v in r.items() if k.endswith(keep)}
+        for site, m in r.get("sites", {}).items():
+            row |= {f"{site}/{k}": m[k] for k in ("loss", "ce", "kd", "acc")}
+        out.append(row)
+    return out
+
+
+@pytest.mark.timeout(1100)
+def test_the_demo_run_twice_in_the_same_folder_gives_identical_metrics(tmp_path):
+    """Two runs of the demo's training (2 sites, 1 round, tiny), the second in the folder the first
+    left (its data, site states and outputs) and with another thread count: identical numbers."""
+    out = tmp_path / "demo"
+    try:
+        first = _numbers(_demo(out, "1", tmp_path))
+        second = _numbers(_demo(out, "2", tmp_path))
+    finally:
+        time.sleep(1)
+        assert processes_mentioning(str(tmp_path)) == [], "processes left behind"
+    assert [len(r) for r in first] == [len(r) for r in second] and len(first) == 2
+    assert "mean/R1" in first[0] and "market1501/loss" in first[1]
+    assert first == second  # bit for bit: every metric of every round, every site's losses
