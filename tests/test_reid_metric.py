@@ -251,3 +251,17 @@ def test_features_cosine_equals_distmat_path():
     for chunk in (3, 17, None):
         got = evaluate_rank_features(qf, gf, *ids, metric="cosine", max_rank=25, chunk_size=chunk)
         assert_same(got, expected)
+
+
+@pytest.mark.parametrize("threshold", [1, 3, 10**9])
+def test_sort_and_comparison_paths_agree_with_the_reference_at_any_crossover(monkeypatch, threshold):
+    """Every query by sorting (1), the default crossover (3), every query by comparison passes."""
+    import common.evaluation.reid as reid
+
+    monkeypatch.setattr(reid, "_SORT_MIN_MATCHES", threshold)
+    rng = np.random.default_rng(threshold % 97)
+    ids = make_ids(rng, 50, 300, num_ids=12, num_cams=3)
+    for distmat in (rng.random((50, 300)).astype(np.float32), rng.integers(0, 6, (50, 300)).astype(np.float32)):
+        expected = reference_rank(distmat, *ids, max_rank=20)
+        for chunk in (1, 9, None):
+            assert_same(evaluate_rank(distmat, *ids, max_rank=20, chunk_size=chunk), expected)

@@ -23,10 +23,11 @@ gallery item with the query's pid is rejected with a ValueError.
 How it is fast: the metric needs only the rank of each true match among the kept gallery items,
 not the order of the whole row. With key(g) = (distance, gallery index) the 0-based rank of a true
 match m is ``#{g : key(g) < key(m)} - #{removed g : key(g) < key(m)}``. The first term is counted
-by one vectorised comparison pass over the row per true match (few per query) or, for queries with
-many true matches, by one ``np.sort`` of the row and binary search; exact distance ties are
-detected (``#{d == d_m} > 1``) and resolved by counting equal items of smaller index. The second
-term only involves the few same-identity items. All counts are integers: the result is exact.
+by sorting the chunk's rows once (numpy 2's SIMD sort, in place on the chunk's own copy) and one
+binary search per true match; queries with only one or two true matches use a vectorised comparison
+pass over the row per match instead. Exact distance ties are detected (``#{d == d_m} > 1``) and
+resolved by counting equal items of smaller index in the row as it was. The second term only
+involves the few same-identity items. All counts are integers: the result is exact.
 Queries are processed in chunks whose temporaries stay within ~256 MB, and
 :func:`evaluate_rank_features` computes each chunk's distances from features, so the full
 query x gallery matrix never exists (MSMT17: 11,659 x 82,161).
@@ -53,9 +54,9 @@ METRICS = ("euclidean", "cosine")
 # Budget for the per-chunk temporaries (distance rows, comparison masks, sorted copies).
 _CHUNK_BYTES = 256 * 2**20
 # Queries with at least this many true matches are counted by sorting their row once
-# (O(G log G)) instead of two comparison passes per true match (O(matches * G)). Measured
-# crossover on a Market-sized row is ~20-30 matches.
-_SORT_MIN_MATCHES = 24
+# (O(G log G)) instead of two comparison passes per true match (O(matches * G)). With numpy 2's
+# SIMD sort a Market-sized row sorts in the time of ~6 comparison passes: crossover ~3 matches.
+_SORT_MIN_MATCHES = 3
 # Bytes of same-identity bookkeeping per (query, same-pid gallery item) pair in a chunk.
 _BYTES_PER_SAME_PID = 64
 
@@ -105,7 +106,8 @@ def evaluate_rank(
         return rows_d.astype(np.float32) if rows_d.dtype == np.float16 else rows_d
 
     itemsize = max(distmat.dtype.itemsize, 4)
-    return _evaluate(block, plan, max_rank, chunk_size, bytes_per_item=2 * itemsize + 2)
+    # np.take gives the same values again: a chunk may be sorted in place and re-read for exact ties
+    return _evaluate(block, plan, max_rank, chunk_size, bytes_per_item=2 * itemsize + 2, reread=True)
 
 
 def evaluate_rank_features(
@@ -254,7 +256,8 @@ def _count_equal(sorted_values: np.ndarray, keys: np.ndarray) -> tuple[np.ndarra
 
 
 def _evaluate(
-    block: Block, plan: _QueryPlan, max_rank: int, chunk_size: int | None, bytes_per_item: int
+    block: Block, plan: _QueryPlan, max_rank: int, chunk_size: int | None, bytes_per_item: int,
+    reread: bool = False,
 ) -> tuple[np.ndarray, float]:
     max_rank = _effective_max_rank(max_rank, plan.num_g)
     valid = np.flatnonzero(plan.n_match > 0)
@@ -271,7 +274,8 @@ def _evaluate(
     ap = np.empty(valid.size, dtype=np.float64)
     for start in range(0, order.size, chunk_size):
         rows = order[start : start + chunk_size]
-        ranks, n = _match_ranks(block(rows), rows, plan)
+        again = (lambda local, rows=rows: block(rows[local])) if reread else None
+        ranks, n = _match_ranks(block(rows), rows, plan, again)
         first_hits += np.bincount(np.minimum(ranks[:, 0], max_rank), minlength=max_rank + 1)
         ap[start : start + rows.size] = _average_precision(ranks, n)
     # float32 sum / count like torchreid (counts are exact in float32 up to 2**24 queries).
@@ -302,15 +306,18 @@ def _average_precision(ranks: np.ndarray, n: np.ndarray) -> np.ndarray:
 
 
 def _match_ranks(
-    dist: np.ndarray, rows: np.ndarray, plan: _QueryPlan
+    dist: np.ndarray, rows: np.ndarray, plan: _QueryPlan, again: Block | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
     """0-based ranks, among the kept gallery items, of each query's true matches.
+
+    ``dist`` is the chunk's own array. With ``again`` (chunk-local rows -> the same distances
+    once more) its rows may be sorted in place, saving a copy; exact ties then re-read their rows.
 
     Returns ``(ranks, n)``: ranks (C, K) ascending per row (entries j >= n[c] are padding) and
     n (C,) the number of true matches per query.
     """
     thr, idx, removed_before, n = _true_matches(dist, rows, plan)
-    below = _count_keys_below(dist, thr, idx, n)
+    below = _count_keys_below(dist, thr, idx, n, again)
     return below - removed_before, n
 
 
@@ -342,7 +349,7 @@ def _true_matches(
 
 
 def _count_keys_below(
-    dist: np.ndarray, thr: np.ndarray, idx: np.ndarray, n: np.ndarray
+    dist: np.ndarray, thr: np.ndarray, idx: np.ndarray, n: np.ndarray, again: Block | None = None
 ) -> np.ndarray:
     """below[c, j] = #{g : (dist[c, g], g) < (thr[c, j], idx[c, j])}, exact integer counts.
 
@@ -352,11 +359,18 @@ def _count_keys_below(
     below = np.zeros(thr.shape, dtype=np.int64)
     equal = np.zeros(thr.shape, dtype=np.int64)
     n_sorted = int(np.count_nonzero(n >= _SORT_MIN_MATCHES))
-    for c in range(n_sorted):
-        row = np.sort(dist[c])
-        k = n[c]
-        below[c, :k] = np.searchsorted(row, thr[c, :k], side="left")
-        equal[c, :k] = np.searchsorted(row, thr[c, :k], side="right") - below[c, :k]
+    if n_sorted:
+        # one (SIMD) sort of the block's rows, then a binary search per true match
+        if again is not None:
+            rows = dist[:n_sorted]
+            rows.sort(axis=1)  # in place: the original rows can be read again (``again``)
+        else:
+            rows = np.sort(dist[:n_sorted], axis=1)
+        for c in range(n_sorted):
+            k = n[c]
+            below[c, :k] = np.searchsorted(rows[c], thr[c, :k], side="left")
+            equal[c, :k] = np.searchsorted(rows[c], thr[c, :k], side="right") - below[c, :k]
+        del rows
     rest = n[n_sorted:]
     if rest.size:
         mask = np.empty((rest.size, dist.shape[1]), dtype=bool)
@@ -365,12 +379,22 @@ def _count_keys_below(
             sub, t, m = dist[n_sorted:stop], thr[n_sorted:stop, j, None], mask[: stop - n_sorted]
             below[n_sorted:stop, j] = _row_counts(np.less(sub, t, out=m))
             equal[n_sorted:stop, j] = _row_counts(np.equal(sub, t, out=m))
-    _add_tied_before(below, equal, dist, thr, idx)
+    resorted = n_sorted if again is not None else 0
+    _add_tied_before(below, equal, dist, thr, idx, lambda c: _original_rows(dist, c, resorted, again))
     return below
 
 
+def _original_rows(dist: np.ndarray, c: np.ndarray, resorted: int, again: Block | None) -> np.ndarray:
+    """Rows ``c`` of the chunk in gallery order (rows below ``resorted`` were sorted in place)."""
+    out = dist[c]
+    if again is not None and (c < resorted).any():
+        out[c < resorted] = again(c[c < resorted])
+    return out
+
+
 def _add_tied_before(
-    below: np.ndarray, equal: np.ndarray, dist: np.ndarray, thr: np.ndarray, idx: np.ndarray
+    below: np.ndarray, equal: np.ndarray, dist: np.ndarray, thr: np.ndarray, idx: np.ndarray,
+    rows_of: Callable[[np.ndarray], np.ndarray],
 ) -> None:
     """Exact ties: add the items whose distance equals the match's and whose index is smaller."""
     tied_c, tied_j = np.nonzero(equal > 1)  # padding has equal == 0
@@ -380,7 +404,7 @@ def _add_tied_before(
     step = max(1, dist.shape[0])  # bound the temporaries to one chunk's worth of rows
     for s in range(0, tied_c.size, step):
         c, j = tied_c[s : s + step], tied_j[s : s + step]
-        same = (dist[c] == thr[c, j, None]) & (cols < idx[c, j, None])
+        same = (rows_of(c) == thr[c, j, None]) & (cols < idx[c, j, None])
         below[c, j] += np.count_nonzero(same, axis=1)
 
 
