@@ -63,6 +63,8 @@ class GenericEvaluator:
     def __init__(self, cfg: ExperimentConfig, num_public: int, device: torch.device):
         self.cfg, self.f, self.device = cfg, cfg.fedfr, device
         self.meta = read_ijbc_meta(self.f.ijbc_root)
+        check_generic_protocol(self.meta, self.f)  # a missing landmarks file stops fedserver at start-up
+        IJBCImages(self.meta, self.f.image_size)  # as do loose crops without landmarks to align them
         self.model = fedfr_model(self.f, num_public, 0)
         self.manifest = expected_fedfr_manifest(self.f, num_public)
 

@@ -243,3 +243,15 @@ def _write_meta(root, names):
     (meta / "ijbc_template_pair_label.txt").write_text("1 1 1\n")
     for name in ("ijbc_1N_gallery_G1.csv", "ijbc_1N_gallery_G2.csv", "ijbc_1N_probe_mixed.csv"):
         (meta / name).write_text("TEMPLATE_ID,SUBJECT_ID,FILENAME,SIGHTING_ID\n1,1,x,1\n")
+
+
+def test_the_per_round_evaluator_refuses_at_construction(tmp_path):
+    from server.fedfr_eval import GenericEvaluator
+
+    write_ijbc_layout(tmp_path, 2, probe_templates=1, media_per_template=1, images_per_media=1, size=32)
+    cfg = _cfg(image_size=32, ijbc_root=str(tmp_path))
+    with pytest.raises(ValueError, match="ijbc_name_5pts_score.txt, which is missing"):
+        GenericEvaluator(cfg, 3, torch.device("cpu"))
+    cfg.fedfr.ijbc_detector_score = False
+    with pytest.raises(UnalignedImageError, match="is 32x32"):
+        GenericEvaluator(cfg, 3, torch.device("cpu"))
