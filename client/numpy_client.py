@@ -10,6 +10,7 @@ into one array both ways (``common/params.py``).
 from __future__ import annotations
 
 import copy
+import json
 import logging
 import time
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ from common.datasets.image_dataset import ImageDataset
 from common.datasets.transforms import train_transform
 from common.models.builder import expected_manifest, model_for
 from common.models.reid import ReIDModel
+from common.modes import mode_of
 from common.params import from_wire, get_shared, set_shared, to_wire
 from common.processes import process_age_s
 from common.seeding import seed_everything, stable_seed
@@ -66,6 +68,12 @@ class FedReIDClient(NumPyClient):
         self.num_classes = self.data.splits.num_train_pids
         self.state_dir = Path(settings.state_dir or f"~/.fedreid/state/{settings.site}").expanduser()
         self.fault = parse_fault(settings.fault)
+        self.mode = mode_of(cfg.strategy.mode)
+
+    def get_properties(self, config):
+        """The census a common-head baseline needs (server/fedavg_strategy.py): who this site is and
+        how many training identities it has (nothing else about its data)."""
+        return {"site": self.s.site, "num_identities": int(self.num_classes)}
 
     def get_parameters(self, config):
         torch.manual_seed(self.cfg.seed)
@@ -97,7 +105,7 @@ class FedReIDClient(NumPyClient):
             model.load_state_dict(st.model)  # Eq. (7): own head (and own integer buffers)
         self._set_start_point(model, parameters, st)
         expert = None
-        if self.cfg.train.local_expert:
+        if self.mode.expert and self.cfg.train.local_expert:  # never in plain fedavg / local (common/modes.py)
             # Eq. (10): the expert starts from this site's model at the end of its previous round.
             expert = model_for(self.cfg, self.num_classes)
             expert.load_state_dict(st.model if st is not None and st.model is not None else model.state_dict())
@@ -107,7 +115,7 @@ class FedReIDClient(NumPyClient):
         stats = train_round(
             model, expert, loader, opt, eopt, unit=self.cfg.train.unit, iters=self.cfg.train.local_iters,
             temperature=self.cfg.train.temperature, device=self.device,
-            max_steps_per_epoch=self.cfg.train.max_steps_per_epoch,
+            max_steps_per_epoch=self.cfg.train.max_steps_per_epoch, label_offset=self._label_offset(config),
         )
         t_train = time.perf_counter()
         model.cpu()
@@ -133,7 +141,7 @@ class FedReIDClient(NumPyClient):
 
     def _set_start_point(self, model: ReIDModel, parameters: list[np.ndarray], st: SiteState | None) -> None:
         """Eq. (7)/(15): the embedding from the server; ``local`` mode keeps its own after round 1."""
-        if self.cfg.strategy.mode == "local" and st is not None and st.model is not None:
+        if self.mode.own_embedding and st is not None and st.model is not None:
             return
         set_shared(model, self.manifest, parameters)
         a = self.cfg.train.start_mix
@@ -143,6 +151,21 @@ class FedReIDClient(NumPyClient):
             with torch.no_grad():
                 for k in self.manifest.keys:
                     state[k].mul_(1 - a).add_(st.model[k], alpha=a)
+
+    def _label_offset(self, config) -> int:
+        """Common head (fedavg): this site's identity j is logit offset + j, the offset sent by the
+        coordinator from the sites' own counts (server/fedavg_strategy.py); 0 for an own head."""
+        if not self.mode.common_head:
+            return 0
+        offsets = json.loads(str(config.get("label_offsets", "{}")))
+        if self.s.site not in offsets:
+            raise ValueError(f"site {self.s.site}: mode {self.cfg.strategy.mode} needs its label offset in the fit "
+                             f"config (label_offsets), found {sorted(offsets)}")
+        offset = int(offsets[self.s.site])
+        if offset + self.num_classes > self.cfg.strategy.fedavg_num_classes:
+            raise ValueError(f"site {self.s.site}: identities {offset}..{offset + self.num_classes - 1} do not fit "
+                             f"the common head of strategy.fedavg_num_classes={self.cfg.strategy.fedavg_num_classes}")
+        return offset
 
     def _optimizers(self, model, expert, st, server_round):
         t = self.cfg.train

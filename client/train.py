@@ -52,11 +52,14 @@ def train_round(
     temperature: float,
     device: torch.device,
     max_steps_per_epoch: int = 0,
+    label_offset: int = 0,
 ) -> dict[str, float]:
     """t_max local epochs/steps. Client: L = L^C + L^R (Eq. 3, 9, 13); expert: L^E (Eq. 11).
 
     ``loader`` yields (view_a, view_b, pid, camid): the client model sees view_a and the expert
     view_b of the same images (separate random augmentation). Without an expert: L = L^C.
+    ``label_offset``: a common head (fedavg baseline) holds the site's identities at logits
+    offset..offset+Z_i-1 (common/modes.py).
     """
     model.train().to(device)
     if expert is not None:
@@ -64,7 +67,7 @@ def train_round(
     sums = {"loss": 0.0, "ce": 0.0, "kd": 0.0, "expert_ce": 0.0, "acc": 0.0}
     steps = 0
     for xa, xb, y, _ in _batches(loader, unit, iters, max_steps_per_epoch):
-        xa, xb, y = xa.to(device), xb.to(device), y.to(device)
+        xa, xb, y = xa.to(device), xb.to(device), y.to(device) + label_offset
         logits = model(xa)  # d, (B, Z)
         ce = F.cross_entropy(logits, y)  # Eq. (9)
         loss = ce

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from common.fedfr_config import FedFRConfig
+from common.modes import MODES
 
 
 def sites_per_round(fraction: float, num_sites: int) -> int:
@@ -69,11 +70,15 @@ class TrainConfig:
 
 @dataclass
 class StrategyConfig:
-    mode: str = "fedreid"  # fedreid | fedavg (all parameters) | local (each site alone)
+    # fedreid | fedavg (all parameters, one common head) | local (each site alone, no expert) |
+    # local_expert (each site alone with its local expert); common/modes.py has the table
+    mode: str = "fedreid"
     fraction: float = 1.0  # S: ceil(S*N) sites per round
     min_fit_sites: int = 1  # fewer valid replies than this: the round keeps the previous model
     min_available_sites: int = 4  # wait for this many sites before round 1
-    fedavg_num_classes: int = 0  # fedavg mode: common head size (>= every site's identity count)
+    # fedavg mode: logits of the common head, >= the sum of the sites' identity counts (each site's
+    # labels are offset by the counts of the sites before it; the counts come from the sites at round 1)
+    fedavg_num_classes: int = 0
 
 
 @dataclass
@@ -177,9 +182,9 @@ class ExperimentConfig:
             self.fedfr.validate()
         if not 0.0 < self.strategy.fraction <= 1.0:
             raise bad("strategy.fraction", "S in (0, 1]", self.strategy.fraction)
-        if self.strategy.mode not in ("fedreid", "fedavg", "local"):
-            raise bad("strategy.mode", "one of fedreid, fedavg, local", self.strategy.mode)
-        if self.strategy.mode == "fedavg" and self.strategy.fedavg_num_classes < 1:
+        if self.strategy.mode not in MODES:
+            raise bad("strategy.mode", f"one of {', '.join(MODES)}", self.strategy.mode)
+        if MODES[self.strategy.mode].common_head and self.strategy.fedavg_num_classes < 1:
             raise bad("strategy.fedavg_num_classes", ">= 1 in fedavg mode (one head size for all sites)",
                       self.strategy.fedavg_num_classes)
         if not 0.0 <= self.privacy.beta <= 1.0:

@@ -26,12 +26,10 @@ import numpy as np
 import torch
 from torch import nn
 
-# strategy.mode -> prefixes of the state_dict keys that are shared
-SHARED_PREFIXES = {
-    "fedreid": ("embedding.",),  # Eq. (8): the embedding only, heads stay local
-    "fedavg": ("embedding.", "head."),  # baseline: every parameter (one common head size)
-    "local": ("embedding.",),  # baseline: each site alone; the server only evaluates what it gets
-}
+from common.modes import MODES
+
+# strategy.mode -> prefixes of the state_dict keys that are shared (common/modes.py: the table)
+SHARED_PREFIXES = {name: m.shared for name, m in MODES.items()}
 
 
 @dataclass(frozen=True)

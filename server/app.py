@@ -18,9 +18,11 @@ from common.evaluation.targets import load_target
 from common.logs import setup_logging
 from common.models.builder import expected_manifest, initial_model, model_for
 from common.models.pretrained import describe_init
+from common.modes import mode_of
 from common.params import Manifest, get_shared, set_shared
 from common.seeding import seed_everything
 from server.evaluate import ReIDEvaluator, evaluate_arrays
+from server.fedavg_strategy import FedAvgStrategy
 from server.report import MetricsLog
 from server.resume import (
     CHECKPOINT,
@@ -171,14 +173,17 @@ def server_fn(context: Context) -> ServerAppComponents:
                              embedding_init=init)
     log.info("FedReID run: %d rounds, %d sites, S=%s, beta=%s, mode=%s, shared %s", cfg.rounds, len(cfg.sites),
              cfg.strategy.fraction, cfg.privacy.beta, cfg.strategy.mode, manifest.describe())
-    strategy = FedReIDStrategy(
+    mode = mode_of(cfg.strategy.mode)  # common/modes.py: FedReID and its baselines
+    extra = {"sites": cfg.sites, "head_size": cfg.strategy.fedavg_num_classes} if mode.common_head else {}
+    strategy = (FedAvgStrategy if mode.common_head else FedReIDStrategy)(
         manifest=manifest,
         initial_arrays=initial,
         **strategy_settings(cfg),
         weighted=False,  # Eq. (8): a plain mean over the selected sites
-        keep_site_models=cfg.strategy.mode == "local",
+        keep_site_models=mode.own_embedding,
         on_round_end=reporter,
         round_offset=ck.round if ck else 0,
+        **extra,
     )
     return run_components(cfg, strategy, reporter, ck)
 

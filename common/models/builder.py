@@ -7,17 +7,19 @@ import torch
 from common.config import ExperimentConfig
 from common.models.pretrained import init_embedding
 from common.models.reid import ReIDModel, build_model
+from common.modes import mode_of
 from common.params import Manifest, shared_manifest
 
 
 def model_for(cfg: ExperimentConfig, num_classes: int) -> ReIDModel:
     """A site's model: the configured backbone + a head of ``num_classes`` identities.
 
-    In ``fedavg`` mode every site uses the common head size ``strategy.fedavg_num_classes``
-    (the head is averaged too, so it must have one shape everywhere).
+    In a common-head mode (``fedavg``) every site uses the common head of
+    ``strategy.fedavg_num_classes`` logits (the head is averaged too, so it must have one shape
+    everywhere); a site's labels are offset into it (common/modes.py).
     """
     m = cfg.model
-    if cfg.strategy.mode == "fedavg":
+    if mode_of(cfg.strategy.mode).common_head:
         if num_classes > cfg.strategy.fedavg_num_classes:
             raise ValueError(
                 f"strategy.fedavg_num_classes={cfg.strategy.fedavg_num_classes} is smaller than this site's "
@@ -38,6 +40,6 @@ def expected_manifest(cfg: ExperimentConfig) -> Manifest:
     """The manifest both sides derive from the model config (built on the meta device: no memory)."""
     m = cfg.model
     with torch.device("meta"):
-        n = cfg.strategy.fedavg_num_classes if cfg.strategy.mode == "fedavg" else 1
+        n = cfg.strategy.fedavg_num_classes if mode_of(cfg.strategy.mode).common_head else 1
         model = build_model(m.backbone, n, hidden=m.head_hidden, dropout=m.dropout, activation=m.head_activation)
     return shared_manifest(model, cfg.strategy.mode)

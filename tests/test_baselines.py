@@ -1,0 +1,135 @@
+"""Fair baselines: fedavg gives every real identity its own logit of the common head (label offsets
+from the sites' own counts, in the configured order); `local` is plain local training (no expert),
+`local_expert` keeps the expert."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from flwr.common import ndarrays_to_parameters
+
+import client.numpy_client as nc
+import client.train as ct
+from common.datasets.synthetic import write_market_layout
+from common.models.builder import expected_manifest, model_for
+from common.modes import MODES, label_offsets
+from common.params import get_shared
+from server.fedavg_strategy import FedAvgStrategy
+from tests.conftest import tiny_config
+from tests.test_site_client import fit_config, make_client
+from tests.test_strategy import manager
+
+SITES = ["market1501", "dukemtmc"]
+
+
+def test_label_offsets_follow_the_configured_site_order():
+    assert label_offsets({"dukemtmc": 702, "market1501": 751}, ["market1501", "dukemtmc"]) == {
+        "market1501": 0, "dukemtmc": 751}
+    assert label_offsets({"dukemtmc": 702, "market1501": 751}, ["dukemtmc", "market1501"]) == {
+        "dukemtmc": 0, "market1501": 702}
+    with pytest.raises(ValueError, match="missing for site"):
+        label_offsets({"market1501": 3}, SITES)
+    assert not MODES["fedavg"].expert and not MODES["local"].expert and MODES["local_expert"].expert
+
+
+def _fedavg_cfg(head: int = 9):
+    return tiny_config(strategy={"mode": "fedavg", "fedavg_num_classes": head, "min_available_sites": 2})
+
+
+def _fedavg_strategy(cfg, counts: dict[str, int], asked: list):
+    man = expected_manifest(cfg)
+    torch.manual_seed(0)
+    init = get_shared(model_for(cfg, 1), man)
+    names = dict(zip(("100", "101"), reversed(list(counts))))  # node ids in another order than the sites
+
+    def ask(proxy, timeout_s):
+        asked.append(proxy.cid)
+        return names[proxy.cid], counts[names[proxy.cid]]
+
+    return FedAvgStrategy(manifest=man, initial_arrays=init, min_available_sites=2, wait_for_sites_s=1,
+                          sites=cfg.sites, head_size=cfg.strategy.fedavg_num_classes, ask=ask), init
+
+
+def test_fedavg_strategy_sends_offsets_from_the_sites_census():
+    cfg = _fedavg_cfg(9)
+    asked: list = []
+    s, init = _fedavg_strategy(cfg, {"market1501": 4, "dukemtmc": 5}, asked)
+    cm = manager(2)
+    ins = s.configure_fit(1, ndarrays_to_parameters(init), cm)
+    assert len(ins) == 2 and sorted(asked) == ["100", "101"]
+    for _, fit_ins in ins:
+        assert json.loads(fit_ins.config["label_offsets"]) == {"market1501": 0, "dukemtmc": 4}
+    s.configure_fit(2, ndarrays_to_parameters(init), cm)
+    assert len(asked) == 2  # asked once per node
+    assert s.checkpoint_state()["identity_counts"] == {"market1501": 4, "dukemtmc": 5}
+    # a head too small for the sites' identities is a clear error naming the sum
+    small, init = _fedavg_strategy(_fedavg_cfg(8), {"market1501": 4, "dukemtmc": 5}, [])
+    with pytest.raises(ValueError, match="set it to 9"):
+        small.configure_fit(1, ndarrays_to_parameters(init), manager(2))
+
+
+@pytest.fixture(scope="module")
+def two_sites(tmp_path_factory):
+    roots = {}
+    for i, site in enumerate(SITES):
+        roots[site] = tmp_path_factory.mktemp(site)
+        write_market_layout(roots[site], num_train_ids=4, num_test_ids=2, images_per_id=4, height=32, width=16,
+                            seed=20 + i, identity_seed=500 + i)
+    return roots
+
+
+def _targets_seen(monkeypatch) -> list:
+    seen: list = []
+    real = ct.F.cross_entropy
+
+    def spy(logits, y, *a, **kw):
+        seen.append((logits.shape[1], y.clone()))
+        return real(logits, y, *a, **kw)
+
+    monkeypatch.setattr(ct.F, "cross_entropy", spy)
+    return seen
+
+
+def test_under_fedavg_two_sites_identity_0_map_to_different_logits(two_sites, tmp_path, monkeypatch):
+    cfg = _fedavg_cfg(8)
+    man = expected_manifest(cfg)
+    torch.manual_seed(0)
+    glob = get_shared(model_for(cfg, 1), man)
+    offsets = json.dumps(label_offsets({"market1501": 4, "dukemtmc": 4}, SITES))
+    got = {}
+    for site in SITES:
+        seen = _targets_seen(monkeypatch)
+        c = make_client(cfg, two_sites[site], tmp_path / site, site=site)
+        assert c.get_properties({}) == {"site": site, "num_identities": 4}
+        c.fit(glob, fit_config(cfg, 1) | {"label_offsets": offsets})
+        got[site] = torch.cat([y for _, y in seen])
+        assert all(width == 8 for width, _ in seen)  # one common head of 8 logits
+        monkeypatch.undo()
+    # the site's own label j (0..3) is logit offset + j: market1501 uses 0..3, dukemtmc 4..7
+    assert got["market1501"].min() >= 0 and got["market1501"].max() <= 3
+    assert got["dukemtmc"].min() >= 4 and got["dukemtmc"].max() <= 7
+    with pytest.raises(ValueError, match="label_offsets"):
+        make_client(cfg, two_sites["dukemtmc"], tmp_path / "x", site="dukemtmc").fit(glob, fit_config(cfg, 1))
+
+
+@pytest.mark.parametrize("mode,expects_expert", [("local", False), ("local_expert", True), ("fedreid", True)])
+def test_local_trains_without_an_expert_and_local_expert_with_one(tiny_site, tmp_path, monkeypatch, mode,
+                                                                   expects_expert):
+    cfg = tiny_config(strategy={"mode": mode, "min_available_sites": 2}, train={"local_expert": True})
+    seen = {}
+    real = nc.train_round
+
+    def spy(model, expert, *a, **kw):
+        seen["expert"] = expert
+        return real(model, expert, *a, **kw)
+
+    monkeypatch.setattr(nc, "train_round", spy)
+    man = expected_manifest(cfg)
+    torch.manual_seed(0)
+    _, _, metrics = make_client(cfg, tiny_site, tmp_path).fit(get_shared(model_for(cfg, 1), man), fit_config(cfg, 1))
+    assert (seen["expert"] is not None) is expects_expert
+    assert (metrics["kd"] != 0.0) is expects_expert  # no distillation term without an expert
+    assert np.isfinite(metrics["loss"])
