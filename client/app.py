@@ -6,7 +6,7 @@ from flwr.client import ClientApp
 from flwr.common import Context
 
 from client.numpy_client import FedReIDClient, SiteSettings
-from common.config import ExperimentConfig
+from common.config import ExperimentConfig, check_site_name
 from common.logs import setup_logging
 
 
@@ -16,7 +16,7 @@ def site_settings(node_config: dict) -> SiteSettings:
     if missing:
         raise ValueError(f"node config lacks {missing}; start the site with `fedclient --site NAME --data-root DIR`")
     return SiteSettings(
-        site=str(node_config["site"]),
+        site=check_site_name(str(node_config["site"])),  # it names the state folder: no path
         data_root=str(node_config["data-root"]),
         reader=str(node_config.get("reader", "market1501")),
         state_dir=str(node_config.get("state-dir", "")),

@@ -55,6 +55,10 @@ class FedFRClient(NumPyClient):
         self.manifest = expected_fedfr_manifest(self.f, self.public.num_identities)
         self.state_dir = Path(settings.state_dir or f"~/.fedreid/state/{settings.site}").expanduser()
 
+    def get_properties(self, config):
+        """The coordinator asks every new node for its site name (server/sites.py)."""
+        return {"site": self.s.site}
+
     def get_parameters(self, config):
         torch.manual_seed(self.cfg.seed)
         return to_wire(self.manifest, get_shared(self._model(), self.manifest))

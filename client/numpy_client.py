@@ -75,6 +75,10 @@ class FedReIDClient(NumPyClient):
         how many training identities it has (nothing else about its data)."""
         return {"site": self.s.site, "num_identities": int(self.num_classes)}
 
+    def get_properties(self, config):
+        """The coordinator asks every new node for its site name (server/sites.py)."""
+        return {"site": self.s.site}
+
     def get_parameters(self, config):
         torch.manual_seed(self.cfg.seed)
         return to_wire(self.manifest, get_shared(model_for(self.cfg, self.num_classes), self.manifest))

@@ -8,7 +8,7 @@ from typing import Any
 
 import yaml
 
-from common.config import ExperimentConfig
+from common.config import ExperimentConfig, check_site_name
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -46,7 +46,14 @@ def site_names() -> list[str]:
 
 
 def load_site(name: str) -> dict[str, Any]:
-    """``conf/site/<name>.yaml``; an unknown site is an error listing the configured ones."""
+    """``conf/site/<name>.yaml``; an unknown site is an error listing the configured ones.
+
+    The name is checked first: it becomes a path, so ``../config`` never reads outside conf/site/.
+    """
+    try:
+        check_site_name(name)
+    except ValueError as e:
+        raise ValueError(f"{e}; configured sites (conf/site/*.yaml): {site_names()}") from None
     path = conf_dir() / "site" / f"{name}.yaml"
     if not path.is_file():
         raise ValueError(f"unknown site {name!r}; configured sites (conf/site/*.yaml): {site_names()}")

@@ -10,12 +10,24 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from common.fedfr_config import FedFRConfig
 from common.modes import MODES
+
+SITE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")  # a site name is also a file name: no path
+SAMPLINGS = ("paper", "public")  # strategy.sampling (issue 11, item 4)
+
+
+def check_site_name(site: str) -> str:
+    """``site`` unchanged, or ValueError: site names become file names (conf/site/<site>.yaml, state folders)."""
+    if not isinstance(site, str) or not SITE_NAME.fullmatch(site):
+        raise ValueError(f"site name {site!r}: expected letters, digits, '_', '-', '.' (at most 64, not starting "
+                         "with '.' or '-', no '/')")
+    return site
 
 
 def sites_per_round(fraction: float, num_sites: int) -> int:
@@ -75,10 +87,24 @@ class StrategyConfig:
     mode: str = "fedreid"
     fraction: float = 1.0  # S: ceil(S*N) sites per round
     min_fit_sites: int = 1  # fewer valid replies than this: the round keeps the previous model
-    min_available_sites: int = 4  # wait for this many sites before round 1
+    min_available_sites: int = 4  # wait for this many sites before round 1 (later rounds go on down to min_fit_sites)
     # fedavg mode: logits of the common head, >= the sum of the sites' identity counts (each site's
     # labels are offset by the counts of the sites before it; the counts come from the sites at round 1)
     fedavg_num_classes: int = 0
+    # S as the paper writes it (Eq. 5-6): every site trains each round, the server averages ceil(S*N) of
+    # them; "public": only the ceil(S*N) sampled sites train (the public code). Both sample by site name.
+    sampling: str = "paper"  # paper | public
+    aggregation: str = "mean"  # mean (Eq. 8, the paper) | trimmed_mean | median (Flower's functions)
+    trim_fraction: float = 0.25  # trimmed_mean: cut this fraction at each end (of the valid updates)
+    # Bounded influence: an update (minus what the site was sent) whose L2 norm exceeds norm_bound x the
+    # round's lower-median norm is clipped to it, or rejected; 0 = no bound.
+    norm_bound: float = 10.0
+    norm_action: str = "clip"  # clip | reject
+    # FedFR weights (Eq. 2/4): the operator's registry of each site's own image count; empty = the
+    # count a site reports first, frozen for the run. Each weight is capped at weight_cap x the lower
+    # median of the round's weights (0 = no cap).
+    site_images: dict[str, int] = field(default_factory=dict)
+    weight_cap: float = 10.0
 
 
 @dataclass
@@ -203,6 +229,31 @@ class ExperimentConfig:
             raise bad("train.start_mix", "a in [0, 1)", self.train.start_mix)
         if not self.sites:
             raise bad("sites", "a non-empty list of site names", self.sites)
+        for site in self.sites:
+            if not isinstance(site, str) or not SITE_NAME.fullmatch(site):
+                raise bad("sites", "site names of letters, digits, '_', '-', '.' (at most 64, no path)", site)
+        if len(set(self.sites)) != len(self.sites):
+            raise bad("sites", "distinct site names", self.sites)
+        st = self.strategy
+        if st.sampling not in SAMPLINGS:
+            raise bad("strategy.sampling", f"one of {', '.join(SAMPLINGS)}", st.sampling)
+        if st.aggregation not in ("mean", "trimmed_mean", "median"):
+            raise bad("strategy.aggregation", "one of mean, trimmed_mean, median", st.aggregation)
+        if not 0.0 <= st.trim_fraction < 0.5:
+            raise bad("strategy.trim_fraction", "a fraction in [0, 0.5)", st.trim_fraction)
+        if not st.norm_bound >= 0:
+            raise bad("strategy.norm_bound", "a multiple >= 0 of the round's median update norm (0 = off)",
+                      st.norm_bound)
+        if st.norm_action not in ("clip", "reject"):
+            raise bad("strategy.norm_action", "clip or reject", st.norm_action)
+        if not st.weight_cap >= 0:
+            raise bad("strategy.weight_cap", "a multiple >= 0 of the median weight (0 = no cap)", st.weight_cap)
+        if st.site_images:
+            wrong = {s: n for s, n in st.site_images.items()
+                     if isinstance(n, bool) or not isinstance(n, int) or n < 1}
+            if wrong or sorted(st.site_images) != sorted(self.sites):
+                raise bad("strategy.site_images", f"a positive image count for each of the sites {self.sites}",
+                          st.site_images)
         if not 1 <= self.strategy.min_available_sites <= len(self.sites):
             raise bad("strategy.min_available_sites", f"1..{len(self.sites)} (the number of sites)",
                       self.strategy.min_available_sites)

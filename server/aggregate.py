@@ -7,13 +7,20 @@ import numpy as np
 from common.config import sites_per_round
 
 
-def average(updates: list[list[np.ndarray]], weights: list[float] | None = None) -> list[np.ndarray]:
+def average(updates: list[list[np.ndarray]], weights: list[float] | None = None, *,
+            scales: list[float] | None = None, reference: list[np.ndarray] | None = None) -> list[np.ndarray]:
     """Mean of the sites' arrays, position by position.
 
     FedReID Eq. (8): ``theta_f(k+1) = 1/ceil(S*N) * sum_m w_f^m`` (``weights=None``: uniform).
     FedFR Eq. (2)/(4): ``sum_i N_i * Theta_i / N`` (``weights`` = image counts).
     Sums run in float64 and are cast back to each array's dtype. Integer arrays (counters) are
     never averaged: the first update's value is passed through unchanged.
+
+    ``scales`` (with ``reference``, what the sites were sent): site k contributes
+    ``reference + scales[k] * (update_k - reference)`` (a clipped update); a scale of 1 uses the update
+    as it is, with the same operations as without scales, so unclipped results stay bit-identical.
+    Memory: the loop runs array by array, so one float64 accumulator of ONE array is alive at a
+    time; ``updates`` may be read-only views on the replies' bytes (no copy is made of them).
     """
     if not updates:
         raise ValueError("average() needs at least one update")
@@ -24,6 +31,9 @@ def average(updates: list[list[np.ndarray]], weights: list[float] | None = None)
     if w.shape != (len(updates),) or np.any(w < 0) or w.sum() <= 0:
         raise ValueError(f"weights must be {len(updates)} non-negative numbers with a positive sum, got {weights}")
     w = w / w.sum()
+    c = [1.0] * len(updates) if scales is None else [float(x) for x in scales]
+    if len(c) != len(updates) or (reference is None and any(x != 1.0 for x in c)):
+        raise ValueError("scales need one value per update and the reference the updates started from")
     out = []
     for i in range(n):
         first = updates[0][i]
@@ -31,16 +41,23 @@ def average(updates: list[list[np.ndarray]], weights: list[float] | None = None)
             out.append(first.copy())
             continue
         acc = np.zeros(first.shape, np.float64)
-        for wk, u in zip(w, updates):
-            acc += wk * u[i]
+        for wk, ck, u in zip(w, c, updates):
+            if ck == 1.0:
+                acc += wk * u[i]
+            else:  # the clipped update, rebuilt from the reference for this one array only
+                ref = reference[i].astype(np.float64)
+                acc += wk * (ref + ck * (u[i].astype(np.float64) - ref))
         out.append(acc.astype(first.dtype))
+        del acc
     return out
 
 
 def sample_sites(node_ids: list, fraction: float, rng: np.random.Generator) -> list:
     """ceil(S*N) distinct sites, uniformly at random (Eq. 5/8), at least one; seeded.
 
-    Ids are sorted first, so the same ids and generator always give the same choice.
+    Ids are sorted first, so the same ids and generator always give the same choice. The strategy
+    passes site NAMES (never Flower node ids, new at every registration), so a seed picks the same
+    sites in every run and after a restart.
     """
     if not 0.0 < fraction <= 1.0:
         raise ValueError(f"strategy.fraction S must be in (0, 1], got {fraction}")
@@ -49,3 +66,54 @@ def sample_sites(node_ids: list, fraction: float, rng: np.random.Generator) -> l
     k = sites_per_round(fraction, len(node_ids))
     picked = rng.choice(len(node_ids), size=k, replace=False)
     return [sorted(node_ids)[i] for i in sorted(picked)]
+
+
+def update_norm(update: list[np.ndarray], reference: list[np.ndarray]) -> float:
+    """L2 norm of ``update - reference`` over all floating arrays, in float64 (array by array)."""
+    total = 0.0
+    for u, r in zip(update, reference, strict=True):
+        if np.issubdtype(u.dtype, np.floating):
+            d = u.astype(np.float64) - r.astype(np.float64)
+            total += float(np.dot(d.ravel(), d.ravel()))
+    return float(np.sqrt(total))
+
+
+def lower_median(values: list[float]) -> float:
+    """The lower median (element (n-1)//2 of the sorted values): with two sites it is the smaller one,
+    so one site alone can never raise the reference that bounds it."""
+    if not values:
+        raise ValueError("lower_median() needs at least one value")
+    return float(sorted(values)[(len(values) - 1) // 2])
+
+
+def clip_scales(norms: list[float], bound: float) -> list[float]:
+    """Per update, the factor that brings its norm down to ``bound`` (1 when it is within)."""
+    return [1.0 if n <= bound else (bound / n if n > 0 else 1.0) for n in norms]
+
+
+def capped_weights(counts: list[float], cap: float) -> list[float]:
+    """FedFR weights N_i (Eq. 2/4), each at most ``cap`` x the lower median of the counts, so that a
+    site whose count is inflated weighs at most ``cap`` times a typical site (issue 12, item 6)."""
+    if cap <= 0:
+        return [float(x) for x in counts]
+    limit = cap * lower_median(counts)
+    return [float(min(x, limit)) for x in counts]
+
+
+def robust_aggregate(rule: str, updates: list[list[np.ndarray]], trim_fraction: float) -> list[np.ndarray]:
+    """Coordinate-wise ``median`` or ``trimmed_mean`` with Flower's own functions (they ignore weights);
+    each array is cast back to its dtype. Holds all updates (no streaming): an option, not the paper."""
+    from flwr.server.strategy.aggregate import aggregate_median, aggregate_trimmed_avg
+
+    pairs = [(u, 1) for u in updates]
+    if rule == "median":
+        agg = aggregate_median(pairs)
+    elif rule == "trimmed_mean":
+        agg = aggregate_trimmed_avg(pairs, trim_fraction)
+    else:
+        raise ValueError(f"unknown aggregation {rule!r}; expected one of {sorted(AGGREGATIONS)}")
+    return [np.asarray(a).astype(u.dtype) for a, u in zip(agg, updates[0])]
+
+
+AGGREGATIONS = ("mean", "trimmed_mean", "median")  # strategy.aggregation; mean = Eq. (8) / FedFR Eq. (2, 4)
+NORM_ACTIONS = ("clip", "reject")  # strategy.norm_action above strategy.norm_bound x the round's median norm

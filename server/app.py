@@ -32,6 +32,7 @@ from server.resume import (
     restore_rng,
     save_server_checkpoint,
 )
+from server.sites import SITE_NODES, load_site_nodes
 from server.strategy import FedReIDStrategy, RoundRecord
 
 log = logging.getLogger("fedserver")
@@ -58,11 +59,13 @@ class RoundReporter:
         if rnd == 0 and self.embedding_init:
             row["embedding_init"] = self.embedding_init
         if rnd > 0:
-            row |= {"sampled": rec.sampled, "replied": len(rec.replied), "dropped": len(rec.dropped),
+            row |= {"sampled": rec.sampled, "asked": rec.asked, "replied": len(rec.replied),
+                    "averaged": rec.averaged, "dropped": len(rec.dropped),
                     "failures": rec.failures, "aggregated": rec.aggregated, "fit_seconds": round(rec.fit_seconds, 2),
                     "bytes_sent": rec.bytes_sent, "bytes_received": rec.bytes_received,
                     "max_site_train_seconds": max(rec.site_train_seconds.values(), default=0.0),
-                    "sites": rec.site_metrics}
+                    "sites": rec.site_metrics, "update_norms": rec.update_norms,
+                    "norm_limit": rec.norm_limit, "clipped": rec.clipped}
         every = self.cfg.eval.every
         if self.score is not None and every > 0 and (rnd % every == 0 or rnd == self.cfg.rounds):
             row |= self._evaluate(arrays, site_models)
@@ -130,9 +133,17 @@ def build_scorer(cfg: ExperimentConfig, manifest: Manifest, run_dir: Path):
 
 def strategy_settings(cfg: ExperimentConfig) -> dict:
     """The strategy's constructor arguments that come straight from the config (both tasks)."""
-    return {"fraction": cfg.strategy.fraction, "min_fit_sites": cfg.strategy.min_fit_sites,
-            "min_available_sites": cfg.strategy.min_available_sites, "beta": cfg.privacy.beta,
-            "client_noise": cfg.privacy.client_noise, "seed": cfg.seed, "wait_for_sites_s": cfg.wait_for_sites_s}
+    st = cfg.strategy
+    site_nodes = None
+    if cfg.superlink.node_auth:  # names come from the key registration (fedserver writes the table)
+        path = cfg.resolved_run_dir() / SITE_NODES
+        site_nodes = lambda: load_site_nodes(path)
+    return {"sites": list(cfg.sites), "fraction": st.fraction, "sampling": st.sampling,
+            "min_fit_sites": st.min_fit_sites, "min_available_sites": st.min_available_sites,
+            "aggregation": st.aggregation, "trim_fraction": st.trim_fraction, "norm_bound": st.norm_bound,
+            "norm_action": st.norm_action, "weight_cap": st.weight_cap, "site_images": dict(st.site_images),
+            "site_nodes": site_nodes, "beta": cfg.privacy.beta, "client_noise": cfg.privacy.client_noise,
+            "seed": cfg.seed, "wait_for_sites_s": cfg.wait_for_sites_s}
 
 
 def resume_checkpoint(cfg: ExperimentConfig, manifest: Manifest) -> ServerCheckpoint | None:

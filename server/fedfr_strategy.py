@@ -5,8 +5,13 @@
 N_i is the number of the site's OWN training images. The official code counted the public hard
 negatives a site trained on into its weight (a site close to the public data then outweighs the
 others); here a site reports both ``num_examples`` and ``own_images`` and a reply whose weight is
-not its own image count is dropped, with a log line naming the site. Sampling, noise, update
-checks and the round report are FedReIDStrategy's (only ``aggregate_fit`` is extended).
+not its own image count is dropped, with a log line naming the site.
+
+A site cannot inflate its weight (issue 12, item 6): N_i comes from the operator's registry
+(``strategy.site_images``) or, without one, is the count the site reported first, frozen for the run
+(and kept in the checkpoint); and each weight is capped at ``strategy.weight_cap`` x the lower median
+of the round's weights. Sampling, noise, update checks and the round report are FedReIDStrategy's
+(only ``reply_count``, a reply's weight, is FedFR's).
 """
 
 from __future__ import annotations
@@ -14,11 +19,10 @@ from __future__ import annotations
 import logging
 
 import numpy as np
-from flwr.common import FitRes, Parameters, Scalar
-from flwr.server.client_proxy import ClientProxy
+from flwr.common import FitRes
 
 from common.params import Manifest
-from server.strategy import FedReIDStrategy, RoundRecord
+from server.strategy import FedReIDStrategy
 
 log = logging.getLogger("fedserver")
 
@@ -33,25 +37,13 @@ class FedFRStrategy(FedReIDStrategy):
     def __repr__(self) -> str:
         return f"FedFRStrategy(S={self.fraction_fit}, weighted by own images, manifest={self.manifest.hash})"
 
-    def aggregate_fit(
-        self,
-        server_round: int,
-        results: list[tuple[ClientProxy, FitRes]],
-        failures: list[tuple[ClientProxy, FitRes] | BaseException],
-    ) -> tuple[Parameters | None, dict[str, Scalar]]:
-        # records are keyed by the experiment's round, as in FedReIDStrategy (Flower's round + offset
-        # after a resume); the super call takes Flower's round and converts it itself
-        true_round = self.true_round(server_round)
-        rec = self.records.setdefault(true_round, RoundRecord(true_round))
-        kept = []
-        for proxy, res in results:
-            site = str(res.metrics.get("site", f"node-{proxy.cid}"))
-            own = res.metrics.get("own_images")
-            if own is None or int(own) != res.num_examples or res.num_examples <= 0:
-                why = (f"weight num_examples={res.num_examples} is not the site's own image count "
-                       f"(own_images={own}): public hard negatives must not count (Eq. 2/4)")
-                rec.dropped[site] = why
-                log.warning("round %d: dropped the update of site %s: %s", true_round, site, why)
-                continue
-            kept.append((proxy, res))
-        return super().aggregate_fit(server_round, kept, failures)
+    def reply_count(self, site: str, res: FitRes, metrics: dict[str, float]) -> float:
+        own = metrics.get("own_images")
+        if own is None or own != res.num_examples or res.num_examples <= 0:
+            raise ValueError(f"weight num_examples={res.num_examples} is not the site's own image count "
+                             f"(own_images={own}): public hard negatives must not count (Eq. 2/4)")
+        count = super().reply_count(site, res, metrics)
+        if count != res.num_examples:
+            log.info("round weights: site %s reports %d own images, weighted by %s (%s)", site, res.num_examples,
+                     f"{count:g}", "strategy.site_images" if site in self.site_images else "its first count")
+        return count

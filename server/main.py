@@ -19,6 +19,7 @@ from common import processes
 from common.compose import compose_experiment, conf_dir
 from common.config import ExperimentConfig
 from server import admin
+from server.sites import SITE_NODES, write_site_nodes
 
 USAGE = """usage: fedserver [KEY=VALUE ...] [GROUP=OPTION ...]
 
@@ -156,8 +157,8 @@ def run(cfg: ExperimentConfig, *, resume: bool = False) -> int:
 
         retire_previous_run(run_dir)
         (run_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
-        for old in run_dir.glob("superlink.db*"):  # a new run starts from a fresh SuperLink state
-            old.unlink()
+        for old in [*run_dir.glob("superlink.db*"), run_dir / SITE_NODES]:  # a new run: fresh SuperLink state
+            old.unlink(missing_ok=True)
     else:
         from server.resume import announce_resume
 
@@ -176,7 +177,9 @@ def run(cfg: ExperimentConfig, *, resume: bool = False) -> int:
         print(f"fedserver: SuperLink listening on {cfg.superlink.address}; waiting for sites {cfg.sites}", flush=True)
         conn = write_cli_config(home / "cli", cfg)
         if cfg.superlink.node_auth and cfg.superlink.site_keys and not db_kept:  # a resumed state has them
-            admin.register_site_keys(cfg.superlink.site_keys, home / "cli", conn)
+            ids = admin.register_site_keys(cfg.superlink.site_keys, home / "cli", conn)
+            # the ServerApp names each node by its registered key, never by what the node claims
+            write_site_nodes(run_dir / SITE_NODES, ids)
         cmd = [processes.executable("flwr"), "run", cfg.app_dir, conn, "--stream",
                "--run-config", str(run_config_file(run_dir, cfg))]
         submit = subprocess.Popen(cmd, env=processes.tool_env(home / "cli"), start_new_session=True)

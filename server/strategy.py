@@ -1,13 +1,18 @@
 """The FedReID strategy: selective aggregation of the shared embedding plus white noise.
 
 A subclass of Flower's ``FedAvg`` that overrides the hooks, not the round loop:
-- ``configure_fit``: waits (bounded) for the sites, samples ceil(S*N) of them with a seeded
-  generator, sends each the global embedding plus an independent noise draw (Eq. 15) and the
-  manifest hash;
-- ``aggregate_fit``: unpacks every update (one packed array whose length the manifest fixes,
-  ``common/params.py``) and checks it (shape, dtype, finite), drops bad ones with a log
-  line naming the site, averages the rest (Eq. 8; weighted by image count when asked, as FedFR's
-  Eq. 2/4), adds noise to the aggregate (Eq. 14);
+- ``configure_fit``: names the connected nodes (``server/sites.py``: one node per configured site),
+  waits (bounded) for all ``min_available_sites`` before the first round only, later rounds go on
+  with whoever is connected down to ``min_fit_sites``; samples ceil(S*N) site NAMES with a seeded
+  generator (Eq. 5); with ``sampling="paper"`` every site trains and only the sampled ones are
+  averaged, with ``"public"`` only the sampled ones train; sends the global embedding (one shared
+  serialisation; an independent noise draw per site with Eq. 15) and the manifest hash;
+- ``aggregate_fit``: checks every reply on its own (``server/replies.py``: sizes before decoding,
+  shape, dtype, finite values, metrics); a bad reply is dropped with one log line naming the site
+  and the reason. Each update's influence is bounded (its distance to what was sent, at most
+  ``norm_bound`` x the round's lower-median distance: clipped or rejected), then the updates are
+  averaged (Eq. 8; weighted by capped image counts as FedFR's Eq. 2/4; or a robust rule), noise is
+  added to the aggregate (Eq. 14);
 - ``evaluate``: the per-round hook that evaluates the global embedding and reports the round.
 
 Resume (``fedserver resume=RUN_DIR``): Flower's server loop always counts from 1, so a run that
@@ -15,6 +20,14 @@ continues after round k gets ``round_offset=k``; every hook works on the true ro
 ``server_round + round_offset`` (fit config ``server_round``, seeds, records, reports). Updates are
 aggregated in a canonical order (sorted by site name): float sums do not depend on the order in
 which replies arrived, so an interrupted and resumed run ends with bit-identical parameters.
+
+Wire format (``common/params.py``): every message, and the global parameters Flower keeps between
+rounds, carry the shared tensors as ONE packed uint8 array; ``server/replies.py`` decodes it.
+
+Memory: replies are decoded as read-only views on their own bytes (no copy), the mean runs array by
+array (one float64 accumulator of one array at a time) and, without per-site noise, every site is
+sent the same serialised parameters (the packed global model, as it is), so the coordinator holds about the replies' bytes plus a few
+model copies whatever the number of sites (``benchmarks/server_memory.py``).
 """
 
 from __future__ import annotations
@@ -25,15 +38,28 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
-from flwr.common import FitIns, FitRes, Parameters, Scalar, ndarrays_to_parameters, parameters_to_ndarrays
+from flwr.common import FitIns, FitRes, Parameters, Scalar, ndarrays_to_parameters
 from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import FedAvg
 
-from common.params import Manifest, check_arrays, from_wire, to_wire
+from common.config import SAMPLINGS
+from common.params import Manifest, check_arrays, to_wire
 from common.privacy import add_white_noise
 from common.seeding import stable_seed
-from server.aggregate import average, sample_sites
+from server.aggregate import (
+    AGGREGATIONS,
+    NORM_ACTIONS,
+    average,
+    capped_weights,
+    clip_scales,
+    lower_median,
+    robust_aggregate,
+    sample_sites,
+    update_norm,
+)
+from server.replies import ReplyError, check_metrics, decode_arrays
+from server.sites import SiteRoster
 
 log = logging.getLogger("fedserver")
 
@@ -46,8 +72,11 @@ class RoundRecord:
     """What happened in one round (filled by the strategy; the evaluation hook adds metrics)."""
 
     server_round: int
-    sampled: int = 0
-    replied: list[str] = field(default_factory=list)
+    sampled: int = 0  # ceil(S*N): sites whose updates are averaged (Eq. 5)
+    asked: int = 0  # sites sent a fit instruction (all connected ones with sampling="paper")
+    chosen: list[str] = field(default_factory=list)  # the sampled site names
+    replied: list[str] = field(default_factory=list)  # valid replies
+    averaged: list[str] = field(default_factory=list)  # valid replies of sampled sites, in the aggregate
     dropped: dict[str, str] = field(default_factory=dict)  # site -> reason
     failures: int = 0
     aggregated: bool = False
@@ -57,6 +86,17 @@ class RoundRecord:
     fit_seconds: float = 0.0
     site_train_seconds: dict[str, float] = field(default_factory=dict)
     site_metrics: dict[str, dict[str, float]] = field(default_factory=dict)
+    update_norms: dict[str, float] = field(default_factory=dict)  # ||update - sent|| per averaged site
+    norm_limit: float = 0.0  # norm_bound x lower median of update_norms (0: no bound)
+    clipped: dict[str, float] = field(default_factory=dict)  # site -> clip factor (< 1)
+
+
+@dataclass
+class _Valid:
+    site: str
+    arrays: list[np.ndarray]  # read-only views on the reply's bytes
+    count: float  # the site's weight before the cap (FedFR: its own image count)
+    metrics: dict[str, float]
 
 
 class FedReIDStrategy(FedAvg):
@@ -65,12 +105,21 @@ class FedReIDStrategy(FedAvg):
         *,
         manifest: Manifest,
         initial_arrays: list[np.ndarray],
+        sites: list[str],
         fraction: float = 1.0,
+        sampling: str = "paper",
         min_fit_sites: int = 1,
         min_available_sites: int = 4,
         beta: float = 0.0,
         client_noise: bool = True,
         weighted: bool = False,
+        aggregation: str = "mean",
+        trim_fraction: float = 0.25,
+        norm_bound: float = 10.0,
+        norm_action: str = "clip",
+        weight_cap: float = 10.0,
+        site_images: dict[str, int] | None = None,
+        site_nodes: Callable[[], dict[int, str] | None] | None = None,
         keep_site_models: bool = False,
         seed: int = 0,
         wait_for_sites_s: float = 600.0,
@@ -79,20 +128,33 @@ class FedReIDStrategy(FedAvg):
         round_offset: int = 0,
     ) -> None:
         check_arrays(manifest, initial_arrays, who="initial parameters")
+        if sampling not in SAMPLINGS or aggregation not in AGGREGATIONS or norm_action not in NORM_ACTIONS:
+            raise ValueError(f"sampling {sampling!r} (one of {SAMPLINGS}), aggregation {aggregation!r} (one of "
+                             f"{AGGREGATIONS}), norm_action {norm_action!r} (one of {NORM_ACTIONS})")
+        initial = ndarrays_to_parameters(to_wire(manifest, initial_arrays))  # the global model: packed
         super().__init__(
             fraction_fit=fraction,
             fraction_evaluate=0.0,  # evaluation is central, on unseen domains
             min_fit_clients=1,
             min_evaluate_clients=0,
             min_available_clients=min_available_sites,
-            initial_parameters=ndarrays_to_parameters(initial_arrays),
+            initial_parameters=initial,
             accept_failures=True,
         )
         self.manifest = manifest
+        self.sites = sorted(sites)
+        self.sampling = sampling
         self.min_fit_sites = min_fit_sites
         self.beta = beta
         self.client_noise = client_noise
         self.weighted = weighted
+        self.aggregation = aggregation
+        self.trim_fraction = trim_fraction
+        self.norm_bound = norm_bound
+        self.norm_action = norm_action
+        self.weight_cap = weight_cap
+        self.site_images = dict(site_images or {})  # the operator's registry (FedFR weights)
+        self.frozen_counts: dict[str, float] = {}  # without a registry: each site's first count, kept
         self.keep_site_models = keep_site_models
         self.seed = seed
         self.wait_for_sites_s = wait_for_sites_s
@@ -101,6 +163,8 @@ class FedReIDStrategy(FedAvg):
         self.records: dict[int, RoundRecord] = {}  # only the current round's is kept (memory stays flat)
         self.site_models: dict[str, list[np.ndarray]] = {}
         self.round_offset = round_offset  # rounds completed before this Flower run (resume)
+        self.roster = SiteRoster(self.sites, bound=site_nodes, timeout_s=min(120.0, wait_for_sites_s))
+        self._sent = initial  # what the sites were sent this round (before noise): the norm reference
 
     def __repr__(self) -> str:
         return f"FedReIDStrategy(S={self.fraction_fit}, beta={self.beta}, manifest={self.manifest.hash})"
@@ -113,48 +177,144 @@ class FedReIDStrategy(FedAvg):
         """What the strategy needs, besides the global parameters, to continue a run exactly.
 
         Sampling and noise draw from generators keyed by (seed, round, purpose): no generator
-        state to keep. ``local`` mode keeps each site's last embedding for the evaluation.
+        state to keep. ``local`` mode keeps each site's last embedding for the evaluation; FedFR
+        keeps each site's frozen image count.
         """
-        return {"seed": self.seed, "site_models": {s: [a.copy() for a in arrs] for s, arrs in self.site_models.items()}}
+        return {"seed": self.seed, "site_models": {s: [a.copy() for a in arrs] for s, arrs in self.site_models.items()},
+                "site_counts": dict(self.frozen_counts)}
 
     def restore_state(self, state: dict) -> None:
         if int(state["seed"]) != self.seed:
             raise ValueError(f"checkpoint was written with seed {state['seed']}, this run has seed {self.seed}")
         self.site_models = {s: [np.asarray(a) for a in arrs] for s, arrs in state.get("site_models", {}).items()}
+        self.frozen_counts = {str(s): float(n) for s, n in state.get("site_counts", {}).items()}
 
     def _rng(self, server_round: int, purpose: str) -> np.random.Generator:
         # one generator per (round, purpose): sampling and noise are reproducible, also after a resume
         return np.random.default_rng(stable_seed(self.seed, server_round, purpose))
 
+    # ---- sending ----
+
+    def connected_sites(self, client_manager: ClientManager, need: int) -> dict[str, ClientProxy]:
+        """``{site: proxy}`` of the named, connected sites once at least ``need`` are; bounded wait."""
+        deadline = time.monotonic() + self.wait_for_sites_s
+        while True:
+            named = self.roster.update(client_manager.all())
+            if len(named) >= need:
+                return named
+            if time.monotonic() >= deadline:
+                raise TimeoutError(
+                    f"only {len(named)} of the required {need} sites ({sorted(named)}) connected within "
+                    f"{self.wait_for_sites_s:.0f}s (wait_for_sites_s); are the fedclient processes running, "
+                    "pointed at this SuperLink, and started with --site names of this run?"
+                )
+            time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
+
     def configure_fit(
         self, server_round: int, parameters: Parameters, client_manager: ClientManager
     ) -> list[tuple[ClientProxy, FitIns]]:
+        first = server_round == 1  # the first round of this Flower run (also after a resume)
         server_round = self.true_round(server_round)
         for done in [r for r in self.records if r < server_round]:
             del self.records[done]  # reported already; a 1000-round run must not keep 1000 records
         rec = self.records.setdefault(server_round, RoundRecord(server_round, started=time.time()))
-        if not client_manager.wait_for(self.min_available_clients, timeout=int(self.wait_for_sites_s)):
-            raise TimeoutError(
-                f"only {client_manager.num_available()} of the required {self.min_available_clients} sites "
-                f"connected within {self.wait_for_sites_s:.0f}s (wait_for_sites_s); are the fedclient processes "
-                "running and pointed at this SuperLink?"
-            )
-        proxies = client_manager.all()
-        chosen = sample_sites(list(proxies), self.fraction_fit, self._rng(server_round, "sample"))
-        arrays = parameters_to_ndarrays(parameters)
+        # all sites before round 1; later rounds go on with whoever is connected (one lost site does not
+        # end the run), down to min_fit_sites
+        named = self.connected_sites(client_manager, self.min_available_clients if first else self.min_fit_sites)
+        # Eq. (5): ceil(S*N) sites by NAME (sorted), so a seed picks the same sites in every run
+        rec.chosen = sample_sites(self.sites, self.fraction_fit, self._rng(server_round, "sample"))
+        absent = [s for s in rec.chosen if s not in named]
+        if absent:
+            log.warning("round %d: sampled sites not connected: %s", server_round, absent)
+        asked = sorted(named) if self.sampling == "paper" else [s for s in rec.chosen if s in named]
+        self._sent = parameters
         config = {**self.fit_config, "server_round": server_round, "manifest_hash": self.manifest.hash}
+        beta = self.beta if self.client_noise else 0.0
+        arrays = decode_arrays(self.manifest, parameters, "global parameters", check_finite=False) if beta > 0 else None
         noise_rng = self._rng(server_round, "client-noise")
         out = []
-        for cid in chosen:
-            # Eq. (15): an independent white-noise draw on what each site receives
-            beta = self.beta if self.client_noise else 0.0
-            sent = add_white_noise(arrays, beta, noise_rng, self.manifest.noise_mask) if beta > 0 else arrays
-            wire = to_wire(self.manifest, sent)  # one packed array (common/params.py)
-            rec.bytes_sent += sum(a.nbytes for a in wire)
-            out.append((proxies[cid], FitIns(ndarrays_to_parameters(wire), dict(config))))
-        rec.sampled = len(out)
-        log.info("round %d: sampled %d of %d sites", server_round, len(out), len(proxies))
+        for site in asked:
+            if arrays is not None:  # Eq. (15): an independent draw per site, on the learnable parameters
+                noised = add_white_noise(arrays, beta, noise_rng, self.manifest.noise_mask)
+                sent = ndarrays_to_parameters(to_wire(self.manifest, noised))
+                del noised
+            else:  # the same serialised parameters for every site: no copy per site
+                sent = parameters
+            rec.bytes_sent += sum(len(t) for t in sent.tensors)
+            out.append((named[site], FitIns(sent, dict(config))))
+        rec.sampled, rec.asked = len(rec.chosen), len(out)
+        log.info("round %d: %d of %d sites train, %d sampled for the average (%s)", server_round, len(out),
+                 len(named), len(rec.chosen), self.sampling)
         return out
+
+    # ---- receiving ----
+
+    def reply_count(self, site: str, res: FitRes, metrics: dict[str, float]) -> float:
+        """A valid reply's weight before the cap; raises ValueError to drop the reply. FedReID: the
+        reported number of examples when weighted (not used by the paper's Eq. 8)."""
+        if not self.weighted:
+            return 1.0
+        n = float(res.num_examples)
+        if not n > 0:
+            raise ValueError(f"num_examples={res.num_examples}, expected a positive count")
+        return self.site_images.get(site) or self.frozen_counts.setdefault(site, n)
+
+    def _drop(self, rec: RoundRecord, site: str, why: str) -> None:
+        rec.dropped[site] = why
+        log.warning("round %d: dropped the update of site %s: %s", rec.server_round, site, why)
+
+    def _valid_replies(self, rec: RoundRecord, results: list[tuple[ClientProxy, FitRes]]) -> list[_Valid]:
+        """Each reply checked on its own, in canonical order (site name); bad ones dropped."""
+        named = []
+        for proxy, res in results:
+            site = self.roster.site_of(proxy.cid)
+            claimed = res.metrics.get("site") if isinstance(res.metrics, dict) else None
+            if site is None:
+                self._drop(rec, f"node-{proxy.cid}", "the node is not a named site of this run")
+            elif claimed != site:
+                self._drop(rec, site, f"the reply claims site {str(claimed)[:80]!r}, but node {proxy.cid} is {site}")
+            else:
+                named.append((site, res))
+        valid = []
+        for site, res in sorted(named, key=lambda t: t[0]):  # canonical order: sums must not depend on arrival
+            who = f"update of site {site}"
+            try:
+                rec.bytes_received += sum(len(t) for t in res.parameters.tensors if isinstance(t, (bytes, bytearray)))
+                metrics = check_metrics(res.metrics, who)
+                arrays = decode_arrays(self.manifest, res.parameters, who)  # sizes before decoding; zero-copy
+                count = self.reply_count(site, res, metrics)
+            except ReplyError as e:
+                self._drop(rec, site, str(e).removeprefix(who + ": "))
+                continue
+            except Exception as e:  # noqa: BLE001 -- whatever one reply does, it ends that reply only
+                self._drop(rec, site, f"{type(e).__name__}: {str(e)[:300]}")
+                continue
+            valid.append(_Valid(site, arrays, count, metrics))
+            rec.replied.append(site)
+            rec.site_train_seconds[site] = metrics.get("train_seconds", 0.0)
+            rec.site_metrics[site] = metrics
+        return valid
+
+    def _bounded(self, rec: RoundRecord, updates: list[_Valid], ref: list[np.ndarray]) -> tuple[list[_Valid], list[float]]:
+        """Bounded influence: ||update - sent|| at most norm_bound x the round's lower-median norm."""
+        norms = [update_norm(v.arrays, ref) for v in updates]
+        rec.update_norms = {v.site: round(n, 6) for v, n in zip(updates, norms)}
+        if self.norm_bound <= 0 or not updates:
+            return updates, [1.0] * len(updates)
+        rec.norm_limit = self.norm_bound * lower_median(norms)
+        kept, scales = [], []
+        for v, n, c in zip(updates, norms, clip_scales(norms, rec.norm_limit)):
+            if c < 1.0 and self.norm_action == "reject":
+                self._drop(rec, v.site, f"update norm {n:.4g} exceeds strategy.norm_bound={self.norm_bound:g} x the "
+                                        f"round's median norm = {rec.norm_limit:.4g} (norm_action=reject)")
+                continue
+            if c < 1.0:
+                rec.clipped[v.site] = c
+                log.warning("round %d: clipped the update of site %s: norm %.4g > %.4g (strategy.norm_bound=%g x "
+                            "the round's median norm)", rec.server_round, v.site, n, rec.norm_limit, self.norm_bound)
+            kept.append(v)
+            scales.append(c)
+        return kept, scales
 
     def aggregate_fit(
         self,
@@ -166,39 +326,38 @@ class FedReIDStrategy(FedAvg):
         rec = self.records.setdefault(server_round, RoundRecord(server_round))
         rec.failures = len(failures)
         for f in failures:
-            log.warning("round %d: a site failed: %s", server_round, _describe_failure(f))
-        good, weights = [], []
-        # canonical order: replies arrive in any order, float sums must not depend on it
-        for site, proxy, res in sorted(((_site_of(p, r), p, r) for p, r in results), key=lambda t: (t[0], t[1].cid)):
-            wire = parameters_to_ndarrays(res.parameters)
-            rec.bytes_received += sum(a.nbytes for a in wire)
-            try:
-                arrays = from_wire(self.manifest, wire, who=f"update of site {site}")  # the packed length first
-                check_arrays(self.manifest, arrays, who=f"update of site {site}")
-            except ValueError as e:
-                rec.dropped[site] = str(e)
-                log.warning("round %d: dropped the update of site %s: %s", server_round, site, e)
-                continue
-            good.append(arrays)
-            weights.append(float(res.num_examples))
-            rec.replied.append(site)
-            rec.site_train_seconds[site] = float(res.metrics.get("train_seconds", 0.0))
-            rec.site_metrics[site] = {k: float(v) for k, v in res.metrics.items() if isinstance(v, (int, float))}
-            if self.keep_site_models:
-                self.site_models[site] = arrays
+            log.warning("round %d: a site failed: %s", server_round, self._describe_failure(f))
+        if not rec.chosen:  # aggregate_fit without configure_fit (tests): every site is sampled
+            rec.chosen = list(self.sites)
+        valid = self._valid_replies(rec, results)
+        if self.keep_site_models:
+            for v in valid:
+                self.site_models[v.site] = [np.array(a) for a in v.arrays]  # own copies: the replies go
+        # Eq. (5)/(8): the average runs over the sampled sites only (with "paper" sampling all trained)
+        updates = [v for v in valid if v.site in rec.chosen]
+        ref = decode_arrays(self.manifest, self._sent, "parameters sent", check_finite=False)
+        updates, scales = self._bounded(rec, updates, ref)
+        rec.averaged = [v.site for v in updates]
         rec.fit_seconds = time.time() - rec.started if rec.started else 0.0
-        if len(good) < self.min_fit_sites:
+        if len(updates) < self.min_fit_sites:
             log.warning(
                 "round %d: %d valid updates, fewer than strategy.min_fit_sites=%d: the global model is kept",
-                server_round, len(good), self.min_fit_sites,
+                server_round, len(updates), self.min_fit_sites,
             )
-            return None, {"valid_updates": len(good)}
-        aggregate = average(good, weights if self.weighted else None)  # Eq. (8) / FedFR Eq. (2, 4)
+            return None, {"valid_updates": len(updates)}
+        weights = capped_weights([v.count for v in updates], self.weight_cap) if self.weighted else None
+        if self.aggregation == "mean":  # Eq. (8) / FedFR Eq. (2, 4), clipped updates rebuilt array by array
+            aggregate = average([v.arrays for v in updates], weights, scales=scales, reference=ref)
+        else:
+            clipped = [v.arrays if c == 1.0 else average([v.arrays], None, scales=[c], reference=ref)
+                       for v, c in zip(updates, scales)]
+            aggregate = robust_aggregate(self.aggregation, clipped, self.trim_fraction)
         # Eq. (14): on the learnable parameters; BatchNorm running statistics stay the plain average
-        aggregate = add_white_noise(aggregate, self.beta, self._rng(server_round, "server-noise"),
-                                    self.manifest.noise_mask)
+        if self.beta > 0:
+            aggregate = add_white_noise(aggregate, self.beta, self._rng(server_round, "server-noise"),
+                                        self.manifest.noise_mask)
         rec.aggregated = True
-        return ndarrays_to_parameters(aggregate), {"valid_updates": len(good)}
+        return ndarrays_to_parameters(to_wire(self.manifest, aggregate)), {"valid_updates": len(updates)}
 
     def evaluate(self, server_round: int, parameters: Parameters) -> tuple[float, dict[str, Scalar]] | None:
         """Called by Flower after every round (and for round 0): report the round."""
@@ -206,17 +365,12 @@ class FedReIDStrategy(FedAvg):
             return None  # a resumed run: its starting round was reported (and checkpointed) before
         server_round = self.true_round(server_round)
         rec = self.records.setdefault(server_round, RoundRecord(server_round))
-        arrays = parameters_to_ndarrays(parameters)
+        arrays = [np.array(a) for a in decode_arrays(self.manifest, parameters, "global parameters", check_finite=False)]
         metrics = self.on_round_end(server_round, arrays, self.site_models if self.keep_site_models else None, rec)
         return 0.0, metrics
 
-
-def _site_of(proxy: ClientProxy, res: FitRes) -> str:
-    return str(res.metrics.get("site", f"node-{proxy.cid}"))
-
-
-def _describe_failure(f: tuple[ClientProxy, FitRes] | BaseException) -> str:
-    if isinstance(f, BaseException):
-        return f"{type(f).__name__}: {f}"
-    proxy, res = f
-    return f"node {proxy.cid}: {res.status.message}"
+    def _describe_failure(self, f: tuple[ClientProxy, FitRes] | BaseException) -> str:
+        if isinstance(f, BaseException):
+            return f"{type(f).__name__}: {f}"
+        proxy, res = f
+        return f"site {self.roster.site_of(proxy.cid) or '?'} (node {proxy.cid}): {res.status.message}"

@@ -9,7 +9,6 @@ import time
 import numpy as np
 import pytest
 import torch
-from flwr.common import ndarrays_to_parameters, parameters_to_ndarrays
 
 import common.checkpoint as ckpt_mod
 from client.state import PREV_FILE, STATE_FILE, SiteState, load_state, save_state
@@ -27,12 +26,14 @@ from server.resume import (
 )
 from server.strategy import FedReIDStrategy
 from tests.conftest import tiny_config
+from tests.fakes import named_results, packed, unpacked
 from tests.procutil import processes_mentioning
-from tests.test_strategy import MAN, FakeProxy, arrays, manager, res, sent_arrays
+from tests.test_strategy import MAN, arrays, manager, res
 
 
 def strategy(**kw):
-    return FedReIDStrategy(manifest=MAN, initial_arrays=arrays(0.0), min_available_sites=2, wait_for_sites_s=1, **kw)
+    return FedReIDStrategy(manifest=MAN, initial_arrays=arrays(0.0), sites=["cuhk03", "dukemtmc", "market1501", "msmt17"],
+                           min_available_sites=2, wait_for_sites_s=1, **kw)
 
 
 # ---- strategy: the true round after a resume ----
@@ -40,42 +41,43 @@ def strategy(**kw):
 def test_round_offset_reaches_fit_config_records_and_reports():
     seen = []
     s = strategy(round_offset=5, on_round_end=lambda rnd, a, sm, rec: seen.append((rnd, rec.server_round)) or {})
-    ins = s.configure_fit(1, ndarrays_to_parameters(arrays(1.0)), manager(2))
+    ins = s.configure_fit(1, packed(arrays(1.0)), manager(2))
     assert {f.config["server_round"] for _, f in ins} == {6}
-    s.aggregate_fit(1, [(FakeProxy("1"), res("a", arrays(1.0)))], [])
-    assert s.evaluate(0, ndarrays_to_parameters(arrays(1.0))) is None  # round 5 was reported before the crash
-    s.evaluate(1, ndarrays_to_parameters(arrays(1.0)))
+    s.aggregate_fit(1, [(ins[0][0], res("cuhk03", arrays(1.0)))], [])
+    assert s.evaluate(0, packed(arrays(1.0))) is None  # round 5 was reported before the crash
+    s.evaluate(1, packed(arrays(1.0)))
     assert seen == [(6, 6)] and list(s.records) == [6]
 
 
 def test_sampling_and_noise_of_a_round_do_not_depend_on_the_offset():
     # round 7 of an uninterrupted run == Flower round 2 of a run resumed after round 5
-    a = strategy(fraction=0.5, beta=0.1, seed=3).configure_fit(7, ndarrays_to_parameters(arrays(1.0)), manager(4))
+    a = strategy(fraction=0.5, beta=0.1, seed=3).configure_fit(7, packed(arrays(1.0)), manager(4))
     b = strategy(fraction=0.5, beta=0.1, seed=3, round_offset=5).configure_fit(
-        2, ndarrays_to_parameters(arrays(1.0)), manager(4))
+        2, packed(arrays(1.0)), manager(4))
     assert [p.cid for p, _ in a] == [p.cid for p, _ in b]
     for (_, fa), (_, fb) in zip(a, b):
-        for x, y in zip(sent_arrays(fa), sent_arrays(fb)):
+        for x, y in zip(unpacked(MAN, fa.parameters), unpacked(MAN, fb.parameters)):
             np.testing.assert_array_equal(x, y)
 
 
 def test_records_of_reported_rounds_are_dropped():
     s = strategy(on_round_end=lambda *a: {})
     for rnd in range(1, 6):
-        s.configure_fit(rnd, ndarrays_to_parameters(arrays(1.0)), manager(2))
-        s.aggregate_fit(rnd, [(FakeProxy("1"), res("a", arrays(1.0)))], [])
-        s.evaluate(rnd, ndarrays_to_parameters(arrays(1.0)))
+        ins = s.configure_fit(rnd, packed(arrays(1.0)), manager(2))
+        s.aggregate_fit(rnd, [(ins[0][0], res("cuhk03", arrays(1.0)))], [])
+        s.evaluate(rnd, packed(arrays(1.0)))
     assert list(s.records) == [5]
 
 
 def test_aggregation_does_not_depend_on_the_order_replies_arrive():
     # float64 sums are not associative: 1e16 + 1 - 1e16 is 0 or 1 depending on the order
-    vals = {"a": 1e16, "b": 1.0, "c": -1e16, "d": 3.0}
-    replies = [(FakeProxy(str(i)), res(site, arrays(v))) for i, (site, v) in enumerate(vals.items())]
+    vals = {"cuhk03": 1e16, "dukemtmc": 1.0, "market1501": -1e16, "msmt17": 3.0}
     outs = []
     for perm in ([0, 1, 2, 3], [2, 0, 3, 1], [3, 2, 1, 0], [1, 3, 0, 2]):
-        params, _ = strategy().aggregate_fit(1, [replies[i] for i in perm], [])
-        outs.append(parameters_to_ndarrays(params))
+        s = strategy(norm_bound=0)  # no bound: the huge values are the point here
+        replies = named_results(s, [res(site, arrays(v)) for site, v in vals.items()])
+        params, _ = s.aggregate_fit(1, [replies[i] for i in perm], [])
+        outs.append(unpacked(MAN, params))
     expected = average([arrays(vals[s]) for s in sorted(vals)])  # by site name
     for out in outs:
         for x, y in zip(out, expected):
@@ -84,10 +86,10 @@ def test_aggregation_does_not_depend_on_the_order_replies_arrive():
 
 def test_strategy_state_round_trip_and_seed_check():
     s = strategy(keep_site_models=True, seed=4)
-    s.aggregate_fit(1, [(FakeProxy("1"), res("a", arrays(2.0)))], [])
+    s.aggregate_fit(1, named_results(s, [res("msmt17", arrays(2.0))]), [])
     t = strategy(keep_site_models=True, seed=4)
     t.restore_state(s.checkpoint_state())
-    np.testing.assert_array_equal(t.site_models["a"][0], arrays(2.0)[0])
+    np.testing.assert_array_equal(t.site_models["msmt17"][0], arrays(2.0)[0])
     with pytest.raises(ValueError, match="seed 4"):
         strategy(seed=5).restore_state(s.checkpoint_state())
 
