@@ -9,6 +9,8 @@ option, or ``flower-supernode --node-config 'fault="nan"'``); a site without it 
            dtype    every array as float64 (dropped: packed length, twice the bytes)
            count    the last array left out (dropped: packed length, too short)
            sleep:S  sleep S seconds before local training (a slow site: round timeout)
+           scale:F  every value of the update times F (finite: a steering or exploding site, clipped or
+                    rejected by the coordinator's norm bound)
 
 e.g. ``nan``, ``sleep:40@2`` (slow in round 2 only), ``dtype@1,3``.
 """
@@ -25,13 +27,14 @@ from common.params import Manifest, pack, raw_bytes
 
 log = logging.getLogger("fedclient")
 
-KINDS = ("nan", "shape", "dtype", "count", "sleep")
+KINDS = ("nan", "shape", "dtype", "count", "sleep", "scale")
+WITH_ARG = ("sleep", "scale")
 
 
 @dataclass(frozen=True)
 class Fault:
     kind: str
-    seconds: float = 0.0
+    seconds: float = 0.0  # sleep: seconds; scale: the factor
     rounds: frozenset[int] | None = None  # None: every round
 
     def active(self, server_round: int) -> bool:
@@ -57,6 +60,8 @@ class Fault:
             out = [a.astype(np.float64) for a in out]
         elif self.kind == "count":
             out = out[:-1]
+        elif self.kind == "scale":
+            out = [(a * self.seconds).astype(a.dtype) for a in out]
         return out
 
     def wire(self, site: str, server_round: int, manifest: Manifest, arrays: list[np.ndarray]) -> np.ndarray:
@@ -75,11 +80,11 @@ def parse_fault(spec: str) -> Fault | None:
     try:
         if kind not in KINDS:
             raise ValueError(f"unknown kind {kind!r}")
-        seconds = float(arg) if kind == "sleep" else 0.0
-        if kind != "sleep" and arg:
+        seconds = float(arg) if kind in WITH_ARG else 0.0
+        if kind not in WITH_ARG and arg:
             raise ValueError(f"{kind} takes no argument")
         picked = frozenset(int(r) for r in rounds.split(",")) if rounds else None
     except ValueError as e:
         raise ValueError(f"fault {spec!r}: {e}; expected KIND[@ROUNDS] with KIND one of nan, shape, dtype, count, "
-                         "sleep:SECONDS and ROUNDS like 2 or 1,3") from None
+                         "sleep:SECONDS, scale:FACTOR and ROUNDS like 2 or 1,3") from None
     return Fault(kind, seconds, picked)

@@ -5,7 +5,10 @@
 - sites that send NaN/Inf, wrong shapes or wrong dtypes: dropped and logged by site name, the
   global model stays finite (it is exactly the one valid update);
 - a slow site and an unreachable (frozen) site: the round times out and goes on with the replies
-  it has.
+  it has;
+- a site sending a huge (finite) update: clipped to the norm bound, the global model moves at most
+  the bound and the run goes on (issue 12, item 5);
+- a site lost after round 1: later rounds go on without it (issue 12, item 8).
 Every wait is bounded and every process is killed and reaped at the end (checked). The coordinator
 killed mid-run and resumed is tested in test_resume.py (with the exactness check).
 """
@@ -35,6 +38,9 @@ def test_fault_specs_and_what_each_fault_sends():
         sent = parse_fault(spec).corrupt("s", 1, good)
         with pytest.raises(ValueError, match=why):
             check_arrays(man, sent, who="update")
+    big = parse_fault("scale:1e6").corrupt("s", 1, good)
+    np.testing.assert_array_equal(big[0], np.full((2, 3), 1e6, np.float32))
+    check_arrays(man, big, who="update")  # finite, right shape and dtype: only the norm bound stops it
     assert parse_fault("nan@3").corrupt("s", 1, good) is good  # not its round: untouched
     check_arrays(man, good, who="update")  # the input was not modified
     # on the wire (one packed array): the coordinator refuses the wrong lengths with the manifest's numbers
@@ -137,4 +143,61 @@ def test_slow_and_unreachable_sites_time_out_and_the_round_goes_on(tmp_path):
     assert row["aggregated"] is True
     assert timeout_s - 5 <= row["fit_seconds"] <= timeout_s + 60, row["fit_seconds"]  # the timeout ended it
     assert waited < timeout_s + 300
+    _no_process_left(tmp_path)
+
+
+@pytest.mark.timeout(600)
+def test_a_site_sending_a_huge_update_is_clipped_and_the_honest_run_goes_on(tmp_path):
+    from server.resume import load_server_checkpoint
+
+    sites = ["cuhk03", "dukemtmc", "market1501"]
+    with Federation(tmp_path, sites, ["rounds=1", "round_timeout_s=240"]) as fed:
+        fed.start_server()
+        fed.wait_for(lambda: fed.checkpoint_round() >= 0, 240, "the round-0 checkpoint")
+        start = load_server_checkpoint(fed.run_dir / "global_latest.pt")  # what every site is sent in round 1
+        assert start.round == 0
+        for s in sites:
+            fed.start_site(s, fault="scale:1e6" if s == "dukemtmc" else "")
+        assert fed.wait_server(480) == 0, fed.logs()
+        row = fed.metrics()[1]
+        final = fed.final_arrays()
+        states = {s: fed.site_state(s)["model"] for s in sites}
+        server_log = (tmp_path / "fedserver.log").read_text(errors="replace")
+    # by hand, in float64: each site's update minus what it was sent, the bound 10 x the lower median
+    # norm, the attacker's update (its trained model x 1e6, as it sent it) clipped to it, the plain mean
+    ref = {k: a.astype(np.float64) for k, a in zip(start.keys, start.arrays)}
+    sent = {s: {k: states[s][k].numpy().astype(np.float32) for k in ref} for s in sites}
+    sent["dukemtmc"] = {k: (v * np.float32(1e6)).astype(np.float32) for k, v in sent["dukemtmc"].items()}
+    norms = {s: np.sqrt(sum(float(np.sum((sent[s][k] - ref[k]) ** 2)) for k in ref)) for s in sites}
+    limit = 10 * sorted(norms.values())[1]
+    assert norms["dukemtmc"] > 100 * limit  # the attack really is huge
+    scale = {s: min(1.0, limit / n) for s, n in norms.items()}
+    expected = {k: sum(ref[k] + scale[s] * (sent[s][k] - ref[k]) for s in sites) / 3 for k in ref}
+    delta = np.sqrt(sum(float(np.sum((final[k].numpy().astype(np.float64) - ref[k]) ** 2)) for k in ref))
+    assert delta <= limit * (1 + 1e-4)  # the global model moved at most the bound
+    for k in ref:
+        np.testing.assert_allclose(final[k].numpy(), expected[k], rtol=1e-4, atol=1e-5, err_msg=k)
+    assert row["aggregated"] and row["averaged"] == sites and set(row["clipped"]) == {"dukemtmc"}
+    assert row["norm_limit"] == pytest.approx(limit, rel=1e-4)
+    assert "clipped the update of site dukemtmc" in server_log
+    _no_process_left(tmp_path)
+
+
+@pytest.mark.timeout(600)
+def test_a_site_lost_after_round_one_does_not_end_the_run(tmp_path):
+    sites = ["dukemtmc", "market1501"]
+    # every round used to wait for all min_available_sites (here 2) and raise after wait_for_sites_s
+    over = ["rounds=3", "strategy.min_fit_sites=1", "round_timeout_s=90", "wait_for_sites_s=60"]
+    with Federation(tmp_path, sites, over) as fed:
+        fed.start_server()
+        for s in sites:
+            fed.start_site(s)
+        fed.wait_for(lambda: fed.checkpoint_round() >= 1, 420, "round 1")
+        fed.kill_site("dukemtmc")  # gone for good
+        assert fed.wait_server(480) == 0, fed.logs()
+        rows = fed.metrics()
+    assert [r["round"] for r in rows] == [0, 1, 2, 3]
+    assert set(rows[1]["sites"]) == set(sites)
+    for r in rows[2:]:
+        assert r["aggregated"] and "market1501" in r["sites"] and "dukemtmc" not in r["sites"]
     _no_process_left(tmp_path)
