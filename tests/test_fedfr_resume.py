@@ -4,12 +4,12 @@ import json
 
 import numpy as np
 import pytest
-from flwr.common import parameters_to_ndarrays
 
 from common.models.fedfr import expected_fedfr_manifest
 from server.fedfr_app import build_fedfr_components
 from server.fedfr_pretrain import pretrain_main
 from server.resume import CHECKPOINT, ServerCheckpoint, resume_config, save_server_checkpoint
+from tests.fakes import unpacked
 from tests.fedfr_util import global_arrays, tiny_fedfr_config, tiny_world
 
 PUBLIC = 6
@@ -36,7 +36,7 @@ def test_a_fedfr_run_resumes_after_its_checkpointed_round(world, tmp_path):
     s = comps.strategy
     assert comps.config.num_rounds == 3  # rounds 3, 4, 5 remain
     assert s.round_offset == 2
-    start = parameters_to_ndarrays(s.initialize_parameters(client_manager=None))
+    start = unpacked(man, s.initialize_parameters(client_manager=None))  # the packed global model
     assert len(start) == len(after_round_2)
     for a, b in zip(start, after_round_2):
         np.testing.assert_array_equal(a, b)  # not Theta_g^0 of pretrained.pt

@@ -63,7 +63,7 @@ def test_a_bad_metric_drops_that_reply_only_and_metrics_stay_valid_json(bad, why
 def test_any_error_in_one_reply_is_contained(caplog):
     s = strategy()
     broken = fit_res("c", arrays(1.0))
-    broken.parameters = Parameters(tensors=[None, None], tensor_type="numpy.ndarray")  # not bytes at all
+    broken.parameters = Parameters(tensors=[None], tensor_type="numpy.ndarray")  # not bytes at all
     claims_other = fit_res("d", arrays(9.0))
     replies = named_results(s, [fit_res("a", arrays(2.0)), broken, claims_other])
     replies[2][1].metrics["site"] = "a"  # node d's reply claims to be site a

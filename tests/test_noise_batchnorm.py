@@ -5,17 +5,16 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from flwr.common import Code, FitRes, Status, ndarrays_to_parameters, parameters_to_ndarrays
 from torch import nn
 
 from common.fedfr_config import FedFRConfig
 from common.models.builder import expected_manifest, model_for
 from common.models.fedfr import expected_fedfr_manifest
-from common.params import from_wire, get_shared, set_shared, to_wire
+from common.params import get_shared, set_shared
 from common.privacy import add_white_noise
 from server.strategy import FedReIDStrategy
 from tests.conftest import tiny_config
-from tests.test_strategy import FakeProxy, manager
+from tests.fakes import fit_res, manager_of, named_results, unpacked
 
 BETA = 0.01
 
@@ -60,12 +59,12 @@ def test_noised_global_model_with_small_running_variances_gives_finite_features(
     cfg = tiny_config(privacy={"beta": BETA})
     man = expected_manifest(cfg)
     a, b = _site_arrays(cfg, man, 1e-4, 1), _site_arrays(cfg, man, 3e-4, 2)
-    s = FedReIDStrategy(manifest=man, initial_arrays=a, beta=BETA, min_available_sites=2, wait_for_sites_s=1, seed=3)
-    results = [(FakeProxy("1"), FitRes(Status(Code.OK, ""), ndarrays_to_parameters(to_wire(man, x)), 10,
-                                                 {"site": name}))
-               for name, x in (("a", a), ("b", b))]
+    # norm_bound=0: site a sends back what it was sent (norm 0), which would bound b to 0 here
+    s = FedReIDStrategy(manifest=man, initial_arrays=a, sites=["a", "b"], beta=BETA, min_available_sites=2,
+                        wait_for_sites_s=1, seed=3, norm_bound=0)
+    results = named_results(s, [fit_res(name, x) for name, x in (("a", a), ("b", b))])
     params, _ = s.aggregate_fit(1, results, [])  # Eq. (8) + Eq. (14)
-    glob = parameters_to_ndarrays(params)
+    glob = unpacked(man, params)
     for k, learn, x, y, g in zip(man.keys, man.noise_mask, a, b, glob):
         mean = ((x.astype(np.float64) + y) / 2).astype(np.float32)  # Eq. (8) by hand
         if learn:
@@ -78,8 +77,8 @@ def test_noised_global_model_with_small_running_variances_gives_finite_features(
     f = _eval_features(cfg, man, glob)
     assert torch.isfinite(f).all()
     # Eq. (15): what each site receives is noised again, the running statistics still are not
-    for _, ins in s.configure_fit(2, params, manager(2)):
-        sent = from_wire(man, parameters_to_ndarrays(ins.parameters), who="test")  # one packed array
+    for _, ins in s.configure_fit(2, params, manager_of(["a", "b"])):
+        sent = unpacked(man, ins.parameters)  # one packed array
         for learn, g, x in zip(man.noise_mask, glob, sent):
             assert learn or np.array_equal(g, x)
         assert torch.isfinite(_eval_features(cfg, man, sent)).all()
