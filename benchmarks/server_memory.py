@@ -28,11 +28,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from flwr.common import ndarrays_to_parameters  # noqa: E402
-
-from common.params import Manifest  # noqa: E402
-from server.strategy import FedReIDStrategy  # noqa: E402
-from tests.fakes import fit_res, manager_of  # noqa: E402
+from common.params import Manifest
+from server.strategy import FedReIDStrategy
+from tests.fakes import fit_res, manager_of
 
 
 def resnet50_like(model_mb: float) -> Manifest:
@@ -53,12 +51,12 @@ def one_round(manifest: Manifest, n_sites: int, beta: float) -> dict:
     if "sites" in inspect.signature(FedReIDStrategy.__init__).parameters:
         kwargs["sites"] = sites
     strategy = FedReIDStrategy(**kwargs)
-    parameters = ndarrays_to_parameters(base)
+    parameters = strategy.initialize_parameters(client_manager=None)  # the global model, as Flower keeps it
     model_bytes = sum(len(t) for t in parameters.tensors)
     cm = manager_of(sites)
     strategy.configure_fit(1, parameters, cm)  # names the nodes (not measured: a one-off)
     # the replies as they arrive: each site's own serialised bytes (the floor)
-    replies = {s: fit_res(s, ndarrays_to_parameters([a + np.float32(0.001 * (i + 1)) for a in base]))
+    replies = {s: fit_res(s, [a + np.float32(0.001 * (i + 1)) for a in base])  # packed, as sites send them
                for i, s in enumerate(sites)}
     replies_bytes = sum(len(t) for r in replies.values() for t in r.parameters.tensors)
     tracemalloc.start()
@@ -70,7 +68,7 @@ def one_round(manifest: Manifest, n_sites: int, beta: float) -> dict:
                if (s := getattr(proxy, "site", None)) in replies]
     new, _ = strategy.aggregate_fit(2, results, [])
     seconds = time.perf_counter() - t0
-    current, peak_aggregate = tracemalloc.get_traced_memory()
+    _, peak_aggregate = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     assert new is not None and len(results) == n_sites
     del instructions, results, new

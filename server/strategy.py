@@ -38,13 +38,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
-from flwr.common import FitIns, FitRes, Parameters, Scalar, ndarrays_to_parameters
+from flwr.common import FitIns, FitRes, Parameters, Scalar
 from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import FedAvg
 
 from common.config import SAMPLINGS
-from common.params import Manifest, check_arrays, to_wire
+from common.params import Manifest, check_arrays
 from common.privacy import add_white_noise
 from common.seeding import stable_seed
 from server.aggregate import (
@@ -58,7 +58,7 @@ from server.aggregate import (
     sample_sites,
     update_norm,
 )
-from server.replies import ReplyError, check_metrics, decode_arrays
+from server.replies import ReplyError, check_metrics, decode_arrays, encode_arrays
 from server.sites import SiteRoster
 
 log = logging.getLogger("fedserver")
@@ -131,7 +131,7 @@ class FedReIDStrategy(FedAvg):
         if sampling not in SAMPLINGS or aggregation not in AGGREGATIONS or norm_action not in NORM_ACTIONS:
             raise ValueError(f"sampling {sampling!r} (one of {SAMPLINGS}), aggregation {aggregation!r} (one of "
                              f"{AGGREGATIONS}), norm_action {norm_action!r} (one of {NORM_ACTIONS})")
-        initial = ndarrays_to_parameters(to_wire(manifest, initial_arrays))  # the global model: packed
+        initial = encode_arrays(manifest, initial_arrays)  # the global model, packed (common/params.py)
         super().__init__(
             fraction_fit=fraction,
             fraction_evaluate=0.0,  # evaluation is central, on unseen domains
@@ -236,7 +236,7 @@ class FedReIDStrategy(FedAvg):
         for site in asked:
             if arrays is not None:  # Eq. (15): an independent draw per site, on the learnable parameters
                 noised = add_white_noise(arrays, beta, noise_rng, self.manifest.noise_mask)
-                sent = ndarrays_to_parameters(to_wire(self.manifest, noised))
+                sent = encode_arrays(self.manifest, noised)
                 del noised
             else:  # the same serialised parameters for every site: no copy per site
                 sent = parameters
@@ -352,12 +352,14 @@ class FedReIDStrategy(FedAvg):
             clipped = [v.arrays if c == 1.0 else average([v.arrays], None, scales=[c], reference=ref)
                        for v, c in zip(updates, scales)]
             aggregate = robust_aggregate(self.aggregation, clipped, self.trim_fraction)
-        # Eq. (14): on the learnable parameters; BatchNorm running statistics stay the plain average
+        # Eq. (14): on the learnable parameters; BatchNorm running statistics stay the plain average.
+        # Array by array (the same draws as one call over the list): no second copy of the model.
         if self.beta > 0:
-            aggregate = add_white_noise(aggregate, self.beta, self._rng(server_round, "server-noise"),
-                                        self.manifest.noise_mask)
+            rng = self._rng(server_round, "server-noise")
+            for i, keep in enumerate(self.manifest.noise_mask):
+                aggregate[i] = add_white_noise([aggregate[i]], self.beta, rng, [keep])[0]
         rec.aggregated = True
-        return ndarrays_to_parameters(to_wire(self.manifest, aggregate)), {"valid_updates": len(updates)}
+        return encode_arrays(self.manifest, aggregate), {"valid_updates": len(updates)}
 
     def evaluate(self, server_round: int, parameters: Parameters) -> tuple[float, dict[str, Scalar]] | None:
         """Called by Flower after every round (and for round 0): report the round."""

@@ -233,3 +233,31 @@ def test_counts_come_from_the_registry_or_the_first_report():
     t = fr_strategy(weight_cap=0)
     t.restore_state(s.checkpoint_state())  # the frozen counts survive a resume
     assert t.frozen_counts == {"a": 100.0, "c": 100.0}
+
+
+def test_the_coordinator_encodes_byte_for_byte_as_flower_and_the_sites_read_it():
+    from flwr.common import ndarrays_to_parameters
+
+    from common.params import from_wire, to_wire
+    from server.replies import encode_arrays
+
+    a = arrays(0.3, seed=4)
+    mine = encode_arrays(MAN, a)
+    assert mine.tensors == ndarrays_to_parameters(to_wire(MAN, a)).tensors
+    assert all(x.tobytes() == y.tobytes() for x, y in zip(from_wire(MAN, [np.load(io.BytesIO(mine.tensors[0]))], "s"), a))
+    with pytest.raises(ValueError, match="the manifest says float32"):
+        encode_arrays(MAN, [x.astype(np.float64) for x in a])
+
+
+def test_server_noise_drawn_array_by_array_equals_one_draw_over_the_list():
+    from common.privacy import add_white_noise
+    from common.seeding import stable_seed
+    from server.aggregate import average
+
+    ups = [arrays(1.0, seed=i) for i in range(3)]
+    s = strategy(beta=0.05, seed=9, norm_bound=0)
+    out, _ = run(s, [fit_res(x, u) for x, u in zip("abc", ups)])
+    rng = np.random.default_rng(stable_seed(9, 1, "server-noise"))
+    expected = add_white_noise(average(ups), 0.05, rng, MAN.noise_mask)  # Eq. (8) then Eq. (14)
+    for x, y in zip(out, expected):
+        assert x.tobytes() == y.tobytes()
