@@ -19,6 +19,7 @@ from __future__ import annotations
 import ast
 import io
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -147,6 +148,8 @@ def check_metrics(metrics: dict[str, Scalar], who: str, *, numbers_required: tup
     Raises ReplyError for a value that is not a number (text, bytes), a number that is NaN or
     Inf, or a missing key of ``numbers_required``.
     """
+    if not isinstance(metrics, Mapping):
+        raise ReplyError(f"{who}: metrics are a {type(metrics).__name__}, expected a mapping name -> number")
     out: dict[str, float] = {}
     for k, v in metrics.items():
         if k == "site":

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -268,7 +268,7 @@ class FedReIDStrategy(FedAvg):
         named = []
         for proxy, res in results:
             site = self.roster.site_of(proxy.cid)
-            claimed = res.metrics.get("site") if isinstance(res.metrics, dict) else None
+            claimed = res.metrics.get("site") if isinstance(res.metrics, Mapping) else None  # Flower: a Mapping
             if site is None:
                 self._drop(rec, f"node-{proxy.cid}", "the node is not a named site of this run")
             elif claimed != site:

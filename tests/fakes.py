@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 from flwr.common import (
     Code,
+    ConfigRecord,
     FitRes,
     GetPropertiesRes,
     Parameters,
@@ -62,7 +63,8 @@ def unpacked(manifest: Manifest, parameters: Parameters) -> list[np.ndarray]:
 def fit_res(site: str, arrays: list[np.ndarray] | Parameters, n: int = 10, **metrics) -> FitRes:
     """A site's reply: ``arrays`` packed on the wire (or Parameters sent as they are)."""
     params = arrays if isinstance(arrays, Parameters) else packed(arrays)
-    return FitRes(Status(Code.OK, ""), params, n, {"site": site, **metrics})
+    # metrics as Flower 1.42 delivers them to the strategy: a ConfigRecord (a Mapping, not a dict)
+    return FitRes(Status(Code.OK, ""), params, n, ConfigRecord({"site": site, **metrics}))
 
 
 def manager_of(sites: list[str], first_cid: int = 100) -> SimpleClientManager:
