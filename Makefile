@@ -36,6 +36,7 @@ bench: install
 	$(BIN)/python benchmarks/round_overhead.py
 	$(BIN)/python benchmarks/reid_metric.py
 	$(BIN)/python benchmarks/verification.py
+	$(BIN)/python benchmarks/server_memory.py
 
 soak: install
 	$(BIN)/python benchmarks/soak.py
