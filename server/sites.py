@@ -26,16 +26,16 @@ from common.config import SITE_NAME
 
 log = logging.getLogger("fedserver")
 
+NO_ANSWER = "asked for its site name"
+ASK_TRIES = 3  # a node that does not answer is asked again at the next round's start, then refused
 SITE_NODES = "site_nodes.json"  # RUN_DIR/site_nodes.json, written by fedserver with node authentication
 
 
-def ask_site_name(proxy: ClientProxy, timeout_s: float) -> str:
-    """The name the node's ClientApp says it serves; TypeError when it gives none."""
+def ask_site_name(proxy: ClientProxy, timeout_s: float) -> str | None:
+    """The name the node's ClientApp says it serves (None when its answer holds none)."""
     res = proxy.get_properties(GetPropertiesIns({}), timeout=timeout_s, group_id=None)
     name = res.properties.get("site") if res.status.code.value == 0 else None
-    if not isinstance(name, str):
-        raise TypeError(f"no site name in its answer ({res.status.message or res.properties!r})")
-    return name
+    return name if isinstance(name, str) else None
 
 
 def load_site_nodes(path: Path) -> dict[int, str] | None:
@@ -63,6 +63,7 @@ class SiteRoster:
         self.claims: dict[str, str] = {}  # node id -> the name it claims but may not have (yet): duplicates
         self.refused: dict[str, str] = {}  # node id -> why, for good (unknown name, no registration)
         self.warned: set[str] = set()  # waiting duplicates already logged
+        self.tries: dict[str, int] = {}  # node id -> unanswered questions so far
 
     def site_of(self, cid: str) -> str | None:
         return self.names.get(cid)
@@ -76,7 +77,11 @@ class SiteRoster:
             self.warned.discard(cid)
         new = [c for c in proxies if c not in self.names and c not in self.claims and c not in self.refused]
         for cid, name, why in self._identify(new, proxies):
-            if why:
+            if why and why.startswith(NO_ANSWER) and self.tries.get(cid, 0) < ASK_TRIES:
+                self.tries[cid] = self.tries.get(cid, 0) + 1  # asked again at the next update
+                log.warning("node %s did not say its site name (try %d of %d): %s", cid, self.tries[cid],
+                            ASK_TRIES, why)
+            elif why:
                 self.refused[cid] = why
                 log.warning("refused node %s: %s", cid, why)
             else:
@@ -109,9 +114,9 @@ class SiteRoster:
             out = []
             for c, f in futures.items():
                 try:
-                    out.append(self._check(c, f.result(), ""))
+                    out.append(self._check(c, f.result(), "no site name in its answer (not a fedclient of this project?)"))
                 except Exception as e:  # noqa: BLE001 -- one node's failure refuses that node only
-                    out.append((c, "", f"asked for its site name: {type(e).__name__}: {str(e)[:200]}"))
+                    out.append((c, "", f"{NO_ANSWER}: {type(e).__name__}: {str(e)[:200]}"))
             return out
 
     def _check(self, cid: str, name: str | None, missing: str) -> tuple[str, str, str]:

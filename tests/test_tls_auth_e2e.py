@@ -244,7 +244,10 @@ def test_registered_sites_train_and_unregistered_are_refused(tmp_path):
     # the coordinator registered exactly the keys of its folder, by name and fingerprint
     for s in sites:
         fp = security.fingerprint(security.load_site_public_key(fed.keys / f"{s}.pub"))
-        assert re.search(rf"registered site {s} \(node \d+, key {re.escape(fp)}\)", server_log)
+        node = re.search(rf"registered site {s} \(node (\d+), key {re.escape(fp)}\)", server_log).group(1)
+        # the coordinator named the node by its registered key (site_nodes.json), not by its claim
+        assert json.loads((run_dir / "site_nodes.json").read_text())[s] == int(node)
+        assert f"site {s} is node {node}" in server_log, server_log[-3000:]
     # secrets: configuration holds file paths only; no log or output holds private key material
     cfg = json.loads((run_dir / "config.json").read_text())["superlink"]
     assert cfg["key"] == str(fed.tls.key) and cfg["node_auth"] is True
