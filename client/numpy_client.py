@@ -71,13 +71,10 @@ class FedReIDClient(NumPyClient):
         self.mode = mode_of(cfg.strategy.mode)
 
     def get_properties(self, config):
-        """The census a common-head baseline needs (server/fedavg_strategy.py): who this site is and
-        how many training identities it has (nothing else about its data)."""
+        """Who this site is (the coordinator names every new node by it, server/sites.py) and how many
+        training identities it has (the census of a common-head baseline, server/fedavg_strategy.py;
+        nothing else about its data)."""
         return {"site": self.s.site, "num_identities": int(self.num_classes)}
-
-    def get_properties(self, config):
-        """The coordinator asks every new node for its site name (server/sites.py)."""
-        return {"site": self.s.site}
 
     def get_parameters(self, config):
         torch.manual_seed(self.cfg.seed)

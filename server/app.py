@@ -185,7 +185,7 @@ def server_fn(context: Context) -> ServerAppComponents:
     log.info("FedReID run: %d rounds, %d sites, S=%s, beta=%s, mode=%s, shared %s", cfg.rounds, len(cfg.sites),
              cfg.strategy.fraction, cfg.privacy.beta, cfg.strategy.mode, manifest.describe())
     mode = mode_of(cfg.strategy.mode)  # common/modes.py: FedReID and its baselines
-    extra = {"sites": cfg.sites, "head_size": cfg.strategy.fedavg_num_classes} if mode.common_head else {}
+    extra = {"head_size": cfg.strategy.fedavg_num_classes} if mode.common_head else {}
     strategy = (FedAvgStrategy if mode.common_head else FedReIDStrategy)(
         manifest=manifest,
         initial_arrays=initial,

@@ -37,8 +37,8 @@ def ask_identities(proxy: ClientProxy, timeout_s: float) -> tuple[str, int]:
 class FedAvgStrategy(FedReIDStrategy):
     def __init__(self, *, sites: list[str], head_size: int,
                  ask: Callable[[ClientProxy, float], tuple[str, int]] = ask_identities, **kwargs) -> None:
-        super().__init__(**kwargs)
-        self.sites = list(sites)
+        super().__init__(sites=sites, **kwargs)
+        self.sites = list(sites)  # the configured order: it decides the label offsets
         self.head_size = head_size
         self.ask = ask
         self.counts: dict[str, int] = {}  # site -> identity count (the census)
@@ -56,18 +56,18 @@ class FedAvgStrategy(FedReIDStrategy):
         return out
 
     def _census(self, client_manager: ClientManager) -> None:
-        """Ask every node not asked yet for its site and identity count (bounded waits)."""
-        client_manager.wait_for(len(self.sites), timeout=int(self.wait_for_sites_s))
-        proxies = [p for cid, p in client_manager.all().items() if cid not in self.asked]
+        """Ask every named site's node not asked yet for its identity count (bounded waits). The site is
+        the one the coordinator named the node (server/sites.py), never the name in the answer."""
+        named = self.roster.update(client_manager.all())
+        proxies = [p for p in named.values() if p.cid not in self.asked]
         with ThreadPoolExecutor(max_workers=max(1, len(proxies))) as pool:
             answers = list(pool.map(lambda p: self._ask(p), proxies))
         for proxy, answer in zip(proxies, answers):
             if answer is None:
                 continue
             self.asked.add(proxy.cid)
-            site, count = answer
-            if site in self.sites:
-                self.counts[site] = count
+            _, count = answer
+            self.counts[self.roster.site_of(proxy.cid)] = count
         missing = [s for s in self.sites if s not in self.counts]
         if missing:
             raise RuntimeError(f"fedavg needs every site's identity count for its label offsets; no answer from "

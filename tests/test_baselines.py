@@ -9,7 +9,6 @@ import json
 import numpy as np
 import pytest
 import torch
-from flwr.common import ndarrays_to_parameters
 
 import client.numpy_client as nc
 import client.train as ct
@@ -19,8 +18,8 @@ from common.modes import MODES, label_offsets
 from common.params import get_shared
 from server.fedavg_strategy import FedAvgStrategy
 from tests.conftest import tiny_config
+from tests.fakes import manager_of, packed
 from tests.test_site_client import fit_config, make_client
-from tests.test_strategy import manager
 
 SITES = ["market1501", "dukemtmc"]
 
@@ -57,18 +56,18 @@ def test_fedavg_strategy_sends_offsets_from_the_sites_census():
     cfg = _fedavg_cfg(9)
     asked: list = []
     s, init = _fedavg_strategy(cfg, {"market1501": 4, "dukemtmc": 5}, asked)
-    cm = manager(2)
-    ins = s.configure_fit(1, ndarrays_to_parameters(init), cm)
+    cm = manager_of(["dukemtmc", "market1501"])  # node 100 is dukemtmc, as the census says
+    ins = s.configure_fit(1, packed(init), cm)
     assert len(ins) == 2 and sorted(asked) == ["100", "101"]
     for _, fit_ins in ins:
         assert json.loads(fit_ins.config["label_offsets"]) == {"market1501": 0, "dukemtmc": 4}
-    s.configure_fit(2, ndarrays_to_parameters(init), cm)
+    s.configure_fit(2, packed(init), cm)
     assert len(asked) == 2  # asked once per node
     assert s.checkpoint_state()["identity_counts"] == {"market1501": 4, "dukemtmc": 5}
     # a head too small for the sites' identities is a clear error naming the sum
     small, init = _fedavg_strategy(_fedavg_cfg(8), {"market1501": 4, "dukemtmc": 5}, [])
     with pytest.raises(ValueError, match="set it to 9"):
-        small.configure_fit(1, ndarrays_to_parameters(init), manager(2))
+        small.configure_fit(1, packed(init), manager_of(["dukemtmc", "market1501"]))
 
 
 @pytest.fixture(scope="module")
