@@ -208,3 +208,27 @@ def test_score_target_reports_the_probe_per_target():
     assert out["t/probe"] == probe_accuracy(feats[g], pids[g], feats[q], pids[q])
     assert "t/probe" not in score_target(TargetSet("t", records, [(q, g)]), feats)
     assert mean_over_targets(out | {"u/probe": 0.5}, ["t", "u"])["mean/probe"] == pytest.approx((out["t/probe"] + 0.5) / 2)
+
+
+def test_fedsim_class_world_and_pooled_site(tmp_path):
+    from server.sim_worlds import POOLED, pool_sites, write_class_data
+
+    rng = np.random.default_rng(0)
+    src = tmp_path / "fm"
+    src.mkdir()
+    for prefix, n in (("train", 12), ("t10k", 6)):
+        labels = np.arange(n * 4) % 4
+        write_idx(src / f"{prefix}-images-idx3-ubyte.gz", rng.integers(0, 256, (n * 4, 28, 28), dtype=np.uint8))
+        write_idx(src / f"{prefix}-labels-idx1-ubyte.gz", labels.astype(np.uint8))
+    sites, targets = write_class_data(tmp_path / "data", "fashion-mnist", src, ["a", "b"], held_out=2,
+                                      per_class=3, queries_per_class=2, gallery_per_class=3)
+    assert set(targets) == {"held_out"}
+    assert [len(build_reader("market1501", root).train) for _, root in sites.values()] == [3, 3]
+    pooled = pool_sites(tmp_path / "data", sites)
+    assert len(build_reader("market1501", pooled[POOLED][1]).train) == 6
+    iid, _ = write_class_data(tmp_path / "data", "fashion-mnist", src, ["a", "b"], iid=True, held_out=2,
+                              per_class=4, queries_per_class=2, gallery_per_class=3)
+    # iid: both sites see both training classes, half of the per-class images each
+    assert [build_reader("market1501", r).splits.num_train_pids for _, r in iid.values()] == [2, 2]
+    with pytest.raises(SystemExit, match="cannot read"):
+        write_class_data(tmp_path / "data", "cifar10", src, ["a", "b"])
