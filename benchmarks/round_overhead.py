@@ -1,13 +1,22 @@
-"""Per-round overhead of the federated runtime (prints one JSON object).
+"""Per-round overhead of the federated runtime, against Flower's own floor (prints one JSON object).
 
-A real federation on loopback (SuperLink + 4 SuperNodes, `fedsim`), ResNet-50-sized shared
-parameters (~94 MB fp32) and almost no local compute (one tiny batch per round), no evaluation.
-For each round: overhead = round wall time - the slowest site's local training time. Also
-reports the sites' process start-up / state load / state save times (part of the overhead:
-Flower starts a ClientApp process per message and the site state lives on disk) and the bytes
-of parameters sent and received per round.
+Three real federations on loopback, one after the other on the same machine (SuperLink + N
+SuperNodes through ``fedsim``), with the same sites, rounds and bytes per message:
 
-    python benchmarks/round_overhead.py [--rounds 6] [--backbone resnet50] [--keep DIR]
+  floor            Flower's floor: a numpy-only echo ClientApp (benchmarks/echo_app) that returns the
+                   array it received; the ServerApp sends the project's packed message size
+  site_process     this project with its long-lived site processes (``fedclient`` default)
+  no_site_process  this project with a new ClientApp process doing the whole round per message
+                   (``fedclient --no-site-process``: torch import, data listing, model build, state
+                   load and save in every round)
+
+The project runs use ResNet-50-sized shared parameters (~94 MB fp32, one packed array per message)
+and almost no local compute (one tiny batch per round), no evaluation. Per round: wall time, the
+slowest site's local training, overhead = fit wall time - slowest training, the ClientApp process's
+own time (slowest site; for the site process: its start-up plus forwarding, without the site
+process's work) and the bytes moved (sent + received).
+
+    python benchmarks/round_overhead.py [--rounds 6] [--backbone resnet50] [--modes floor site_process ...]
 """
 
 from __future__ import annotations
@@ -23,62 +32,75 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+MODES = ("floor", "site_process", "no_site_process")
+
+
+def run_mode(mode: str, out: Path, rounds: int, backbone: str, sites: int) -> dict:
+    cmd = [sys.executable, "-m", "server.sim", "--out", str(out), "--train-ids", "4", "--images-per-id", "4",
+           "--target-ids", "3", "--sites", *["market1501", "dukemtmc", "cuhk03", "msmt17"][:sites],
+           f"rounds={rounds}", f"model.backbone={backbone}", "model.pretrained=none", "model.height=32",
+           "model.width=16", "train.batch_size=4", "train.max_steps_per_epoch=1", "train.local_expert=false",
+           "train.threads=1", "eval.every=0"]
+    if mode != "site_process":
+        cmd.insert(3, "--no-site-process")
+    if mode == "floor":
+        cmd.append(f"app_dir={REPO / 'benchmarks' / 'echo_app'}")
+    t0 = time.time()
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=3600 + 600 * rounds, check=False)
+    wall = time.time() - t0
+    if proc.returncode != 0:
+        print(proc.stdout[-3000:], proc.stderr[-3000:], file=sys.stderr)
+        raise SystemExit(f"{mode}: the federation failed (exit {proc.returncode}); logs in {out}")
+    all_rows = json.loads((out / "metrics.json").read_text())
+    rows = [r for r in all_rows if r["round"] > 0]
+    per_round, prev_elapsed = [], all_rows[0]["elapsed_s"]
+    for r in rows:
+        sites_m = list(r["sites"].values())
+        slowest = max(float(s.get("train_seconds", 0.0)) for s in sites_m)
+        clientapp = max(float(s.get("clientapp_seconds", 0.0)) for s in sites_m)
+        per_round.append({
+            "round": r["round"],
+            "round_wall_s": round(r["elapsed_s"] - prev_elapsed, 2),
+            "fit_wall_s": round(r["fit_seconds"], 2),
+            "slowest_site_train_s": round(slowest, 3),
+            "overhead_s": round(r["fit_seconds"] - slowest, 2),
+            "clientapp_s_max": round(clientapp, 2),
+            "clientapp_startup_s_max": round(max(float(s.get("startup_seconds", 0.0)) for s in sites_m), 2),
+            "bytes_moved": r["bytes_sent"] + r["bytes_received"],
+            "replied": len(sites_m),
+        })
+        prev_elapsed = r["elapsed_s"]
+
+    def med(key: str) -> float:
+        return round(statistics.median(p[key] for p in per_round), 2)
+
+    return {"median_overhead_s": med("overhead_s"), "median_round_wall_s": med("round_wall_s"),
+            "median_slowest_site_train_s": med("slowest_site_train_s"), "median_clientapp_s": med("clientapp_s_max"),
+            "bytes_per_round": per_round[0]["bytes_moved"], "total_wall_s": round(wall, 1), "per_round": per_round}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--backbone", default="resnet50")
-    ap.add_argument("--keep", help="keep the run folder here (default: a temporary folder, removed)")
+    ap.add_argument("--sites", type=int, default=4, choices=(1, 2, 3, 4))
+    ap.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
+    ap.add_argument("--keep", help="keep the run folders under this folder (default: temporary, removed)")
     a = ap.parse_args()
-    out = Path(a.keep) if a.keep else Path(tempfile.mkdtemp(prefix="round_overhead_"))
-    cmd = [sys.executable, "-m", "server.sim", "--out", str(out), "--train-ids", "4", "--images-per-id", "4",
-           "--target-ids", "3", f"rounds={a.rounds}", f"model.backbone={a.backbone}", "model.height=32",
-           "model.width=16", "train.batch_size=4", "train.max_steps_per_epoch=1", "train.local_expert=false",
-           "eval.every=0"]
-    t0 = time.time()
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=3600, check=False)
-    wall = time.time() - t0
-    if proc.returncode != 0:
-        print(proc.stdout[-3000:], proc.stderr[-3000:], file=sys.stderr)
-        raise SystemExit(f"the federation failed (exit {proc.returncode})")
-    rows = [r for r in json.loads((out / "metrics.json").read_text()) if r["round"] > 0]
-    per_round = []
-    prev_elapsed = json.loads((out / "metrics.json").read_text())[0]["elapsed_s"]
-    for r in rows:
-        sites = r["sites"].values()
-        slowest = max(s["train_seconds"] for s in sites)
-        per_round.append({
-            "round": r["round"],
-            "fit_wall_s": r["fit_seconds"],
-            "round_wall_s": round(r["elapsed_s"] - prev_elapsed, 2),
-            "slowest_site_train_s": round(slowest, 3),
-            "overhead_s": round(r["fit_seconds"] - slowest, 2),
-            "site_startup_s_max": round(max(s["startup_seconds"] for s in sites), 2),
-            "site_state_load_s_max": round(max(s["load_seconds"] for s in sites), 2),
-            "site_state_save_s_max": round(max(s["save_seconds"] for s in sites), 2),
-            "bytes_sent": r["bytes_sent"],
-            "bytes_received": r["bytes_received"],
-        })
-        prev_elapsed = r["elapsed_s"]
-    result = {
-        "backbone": a.backbone,
-        "sites": 4,
-        "rounds": a.rounds,
-        "shared_mb_per_site": round(rows[0]["bytes_sent"] / 4 / 1e6, 1),
-        "median_overhead_s": statistics.median(p["overhead_s"] for p in per_round),
-        "median_round_wall_s": statistics.median(p["round_wall_s"] for p in per_round),
-        "median_slowest_site_train_s": statistics.median(p["slowest_site_train_s"] for p in per_round),
-        "median_site_startup_s": statistics.median(p["site_startup_s_max"] for p in per_round),
-        "median_site_state_load_s": statistics.median(p["site_state_load_s_max"] for p in per_round),
-        "median_site_state_save_s": statistics.median(p["site_state_save_s_max"] for p in per_round),
-        "bytes_per_round": rows[0]["bytes_sent"] + rows[0]["bytes_received"],
-        "total_wall_s": round(wall, 1),
-        "per_round": per_round,
-    }
+    root = Path(a.keep) if a.keep else Path(tempfile.mkdtemp(prefix="round_overhead_"))
+    result = {"backbone": a.backbone, "sites": a.sites, "rounds": a.rounds}
+    try:
+        for mode in a.modes:
+            result[mode] = run_mode(mode, root / mode, a.rounds, a.backbone, a.sites)
+            print(f"round_overhead: {mode}: median overhead {result[mode]['median_overhead_s']} s per round",
+                  file=sys.stderr, flush=True)
+    finally:
+        if not a.keep:
+            shutil.rmtree(root, ignore_errors=True)
+    if "floor" in result and "site_process" in result:
+        floor = result["floor"]["median_overhead_s"]
+        result["site_process_overhead_over_floor"] = round(result["site_process"]["median_overhead_s"] / floor, 2)
     print(json.dumps(result, indent=2))
-    if not a.keep:
-        shutil.rmtree(out, ignore_errors=True)
 
 
 if __name__ == "__main__":

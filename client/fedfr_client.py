@@ -23,6 +23,7 @@ from torch.utils.data import DataLoader
 
 from client.fedfr_state import FedFRSiteState, load_fedfr_state, save_fedfr_state
 from client.fedfr_train import imprint, round_hard_negatives, round_learning_rate, train_local
+from client.held_state import HeldState
 from client.numpy_client import SiteSettings, resolve_device
 from common.config import ExperimentConfig
 from common.datasets.face_folder import FaceFolder, FaceSite
@@ -54,6 +55,11 @@ class FedFRClient(NumPyClient):
         self.public = FaceFolder(root)
         self.manifest = expected_fedfr_manifest(self.f, self.public.num_identities)
         self.state_dir = Path(settings.state_dir or f"~/.fedreid/state/{settings.site}").expanduser()
+        self._held = HeldState(background=settings.hold_state)
+
+    def close(self) -> None:
+        """Wait for the last state write (a site process ending)."""
+        self._held.flush()
 
     def get_properties(self, config):
         """The coordinator asks every new node for its site name (server/sites.py)."""
@@ -74,9 +80,10 @@ class FedFRClient(NumPyClient):
         if self.cfg.train.threads > 0:
             torch.set_num_threads(self.cfg.train.threads)
         seed_everything(stable_seed(self.cfg.seed, self.s.site, rnd))
-        st = load_fedfr_state(self.state_dir, site=self.s.site, manifest_hash=self.manifest.hash,
-                              public_hash=self.public.identity_hash(), num_local=self.data.num_identities,
-                              before_round=rnd)  # a round replayed after a coordinator resume
+        st = self._held.take(rnd) or load_fedfr_state(
+            self.state_dir, site=self.s.site, manifest_hash=self.manifest.hash,
+            public_hash=self.public.identity_hash(), num_local=self.data.num_identities,
+            before_round=rnd)  # a round replayed after a coordinator resume
         model = self._model()
         prev_backbone = None
         if st is not None and st.model is not None:
@@ -112,8 +119,11 @@ class FedFRClient(NumPyClient):
             opt.load_state_dict(st.optimizer)  # momentum buffers; it also brings back last round's lr
             for group in opt.param_groups:
                 group["lr"] = lr
+        loader = self._loader(hn, rnd)
+        # the training draws start from the round's seed, whatever building the models drew before
+        seed_everything(stable_seed(self.cfg.seed, self.s.site, rnd, "train"))
         stats = train_local(
-            model, global_backbone, prev_backbone, self._loader(hn, rnd), opt, epochs=self.f.local_epochs,
+            model, global_backbone, prev_backbone, loader, opt, epochs=self.f.local_epochs,
             device=self.device, s=self.f.s, m=self.f.m, tau=self.f.tau, bce_lambda=self.f.bce_lambda,
             bce_r=self.f.bce_r, bce_m=self.f.bce_m, bce_t=self.f.bce_t, alpha=self.f.alpha,
             use_public=self.f.hard_negatives, contrastive=self.f.contrastive, dfc=self.f.dfc,
@@ -122,12 +132,14 @@ class FedFRClient(NumPyClient):
         model.cpu()
         stats["hard_negatives"] = float(hn.size)
         stats["lr"] = lr
-        save_fedfr_state(self.state_dir, FedFRSiteState(
+        new = FedFRSiteState(
             site=self.s.site, manifest_hash=self.manifest.hash, public_hash=self.public.identity_hash(),
             num_local=self.data.num_identities, last_round=rnd, rounds_trained=(st.rounds_trained if st else 0) + 1,
-            model=copy.deepcopy(model.state_dict()), optimizer=opt.state_dict() if self.f.keep_optimizer_state else None, hard_negatives=hn,
+            model=copy.deepcopy(model.state_dict()), hard_negatives=hn,
+            optimizer=copy.deepcopy(opt.state_dict()) if self.f.keep_optimizer_state else None,
             history=(st.history if st else []) + [{"round": rnd, **stats}],
-        ))
+        )
+        self._held.keep(new, lambda: save_fedfr_state(self.state_dir, new))
         seconds = time.perf_counter() - t0
         log.info("site %s round %d: %d own images + %d public hard negatives; %s (%.1fs)", self.s.site, rnd,
                  len(self.data.train), hn.size, ", ".join(f"{k}={v:.4f}" for k, v in stats.items()), seconds)

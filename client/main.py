@@ -4,6 +4,13 @@
 
 The data, the mapping head, the local expert and the optimizer state never leave this machine:
 they live under ``--data-root`` and ``--state-dir``. Only the shared embedding is sent.
+
+Besides the SuperNode, ``fedclient`` starts the site process (``client/site_process.py``): it
+holds the site's data index, models and state in memory for as long as ``fedclient`` runs, and
+each round's ClientApp forwards the message to it over a socket in the state folder
+(``client/forward.py``). It is restarted from its state file if it dies (``--site-restarts``);
+``--no-site-process`` leaves the whole round to the per-message ClientApp. Stopping ``fedclient``
+(SIGTERM, Ctrl-C) stops both.
 """
 
 from __future__ import annotations
@@ -11,8 +18,11 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
+import time
 from pathlib import Path
 
+from client.channel import socket_path
+from client.site_supervisor import SiteSupervisor, site_process_cmd
 from common import processes
 from common.compose import load_site, site_names
 from common.datasets import READERS, build_reader
@@ -47,28 +57,42 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--public-root", help="FedFR: this site's copy of the public face data (default: the site "
                                          "config's public_root, else the run's fedfr.public_root)")
     p.add_argument("--flwr-home", help="Flower home folder of this SuperNode (default: <state-dir>/flwr_home)")
+    p.add_argument("--no-site-process", action="store_true",
+                   help="no long-lived site process: each round's ClientApp process imports torch, builds the site "
+                        "and reads and writes its state on disk (slower; Flower's process per message)")
+    p.add_argument("--site-restarts", type=int, default=5,
+                   help="times a site process that died is restarted from its state file before fedclient gives up "
+                        "(default %(default)s)")
     # hidden: fault injection for tests and benchmarks only (client/faults.py), e.g. --fault nan
     p.add_argument("--fault", default="", help=argparse.SUPPRESS)
     return p
 
 
+def node_settings(site: str, data_root: str, reader: str, state_dir: str, device: str, public_root: str = "",
+                  fault: str = "") -> dict[str, str]:
+    """The site's settings, as the ClientApp (node config) and the site process read them."""
+    extra = {"public-root": public_root} if public_root else {}
+    extra |= {"fault": fault} if fault else {}
+    return {"site": site, "data-root": data_root, "reader": reader, "state-dir": state_dir, "device": device, **extra}
+
+
 def node_config(site: str, data_root: str, reader: str, state_dir: str, device: str, public_root: str = "",
-                fault: str = "") -> str:
+                fault: str = "", site_socket: str = "") -> str:
     def q(v: str) -> str:
         if '"' in v:
             raise ValueError(f"value {v!r} must not contain double quotes")
         return f'"{v}"'
 
-    extra = (("public-root", public_root),) if public_root else ()
-    extra += (("fault", fault),) if fault else ()
-    return " ".join(f"{k}={q(v)}" for k, v in (("site", site), ("data-root", data_root), ("reader", reader),
-                                                  ("state-dir", state_dir), ("device", device), *extra))
+    settings = node_settings(site, data_root, reader, state_dir, device, public_root, fault)
+    settings |= {"site-socket": site_socket} if site_socket else {}
+    return " ".join(f"{k}={q(v)}" for k, v in settings.items())
 
 
-def supernode_cmd(a: argparse.Namespace, data_root: str, reader: str, state_dir: str) -> list[str]:
+def supernode_cmd(a: argparse.Namespace, data_root: str, reader: str, state_dir: str,
+                  site_socket: str = "") -> list[str]:
     cmd = [processes.executable("flower-supernode"), "--superlink", a.superlink,
            "--node-config", node_config(a.site, data_root, reader, state_dir, a.device,
-                                        getattr(a, "public_root", None) or "", getattr(a, "fault", "")),
+                                        getattr(a, "public_root", None) or "", getattr(a, "fault", ""), site_socket),
            "--port", str(a.port), "--max-retries", str(a.max_retries), "--max-wait-time", str(a.max_wait_time)]
     if a.insecure:
         cmd.append("--insecure")
@@ -113,16 +137,32 @@ def main(argv: list[str] | None = None) -> None:
         print("fedclient: WARNING: --insecure: traffic to the coordinator is NOT encrypted", file=sys.stderr)
     Path(state_dir).mkdir(parents=True, exist_ok=True)
     home = Path(a.flwr_home or Path(state_dir) / "flwr_home")
-    proc = processes.start(supernode_cmd(a, data_root, reader, state_dir), processes.tool_env(home))
+    supervisor, sock = None, ""
+    if not a.no_site_process:  # the long-lived site process (client/site_process.py) and its channel
+        sock = str(socket_path(state_dir))
+        node = node_settings(a.site, data_root, reader, state_dir, a.device, a.public_root, a.fault)
+        supervisor = SiteSupervisor(a.site, site_process_cmd(sock, node), processes.tool_env(),
+                                    max_restarts=a.site_restarts)
+        supervisor.start()
+    proc = processes.start(supernode_cmd(a, data_root, reader, state_dir, sock), processes.tool_env(home))
+
+    def stop_all(grace_s: float) -> None:
+        processes.stop(proc, grace_s=grace_s)
+        if supervisor is not None:
+            supervisor.stop(grace_s=grace_s)
 
     def forward(signum, _frame):
-        processes.stop(proc, grace_s=10)
+        stop_all(10)
         sys.exit(128 + signum)
 
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)
-    code = proc.wait()
-    processes.stop(proc, grace_s=2)
+    while (code := proc.poll()) is None:
+        if supervisor is not None and not supervisor.check():
+            stop_all(10)
+            sys.exit(1)
+        time.sleep(0.5)
+    stop_all(2)
     if code != 0:
         hint = ("; with node authentication, is this site's public key registered (fedserver register-site)?"
                 if a.auth_key else "")

@@ -22,6 +22,7 @@ from flwr.client import NumPyClient
 from torch.utils.data import DataLoader
 
 from client.faults import parse_fault
+from client.held_state import HeldState
 from client.state import SiteState, load_state, save_state
 from client.train import make_optimizer, set_round_lr, train_round
 from common.config import ExperimentConfig
@@ -48,6 +49,7 @@ class SiteSettings:
     state_dir: str = ""
     device: str = "cpu"
     fault: str = ""  # fault injection for tests only (client/faults.py); empty on a real site
+    hold_state: bool = False  # a long-lived site process: keep the last state in memory, write it off the reply's path
 
 
 def resolve_device(name: str) -> torch.device:
@@ -68,6 +70,11 @@ class FedReIDClient(NumPyClient):
         self.num_classes = self.data.splits.num_train_pids
         self.state_dir = Path(settings.state_dir or f"~/.fedreid/state/{settings.site}").expanduser()
         self.fault = parse_fault(settings.fault)
+        self._held = HeldState(background=settings.hold_state)
+
+    def close(self) -> None:
+        """Wait for the last state write (a site process ending)."""
+        self._held.flush()
         self.mode = mode_of(cfg.strategy.mode)
 
     def get_properties(self, config):
@@ -99,8 +106,9 @@ class FedReIDClient(NumPyClient):
             torch.set_num_threads(self.cfg.train.threads)
         seed_everything(stable_seed(self.cfg.seed, self.s.site, server_round))
         # the newest state from BEFORE this round: after a coordinator resume, round k+1 may be asked again
-        st = load_state(self.state_dir, site=self.s.site, manifest_hash=self.manifest.hash,
-                        num_classes=self.num_classes, before_round=server_round)
+        st = self._held.take(server_round) or load_state(
+            self.state_dir, site=self.s.site, manifest_hash=self.manifest.hash, num_classes=self.num_classes,
+            before_round=server_round)
         model = model_for(self.cfg, self.num_classes)
         if st is not None and st.model is not None:
             model.load_state_dict(st.model)  # Eq. (7): own head (and own integer buffers)
@@ -113,6 +121,8 @@ class FedReIDClient(NumPyClient):
         opt, eopt = self._optimizers(model, expert, st, server_round)
         loader = self._loader(server_round)
         t_load = time.perf_counter()
+        # the training draws start from the round's seed, whatever building the models drew before
+        seed_everything(stable_seed(self.cfg.seed, self.s.site, server_round, "train"))
         stats = train_round(
             model, expert, loader, opt, eopt, unit=self.cfg.train.unit, iters=self.cfg.train.local_iters,
             temperature=self.cfg.train.temperature, device=self.device,
@@ -124,13 +134,16 @@ class FedReIDClient(NumPyClient):
             site=self.s.site, manifest_hash=self.manifest.hash, num_classes=self.num_classes,
             last_round=server_round, rounds_trained=(st.rounds_trained if st else 0) + 1,
             model=copy.deepcopy(model.state_dict()),
-            optimizer=opt.state_dict() if self.cfg.train.keep_optimizer_state else None,
+            optimizer=copy.deepcopy(opt.state_dict()) if self.cfg.train.keep_optimizer_state else None,
             history=(st.history if st else []) + [{"round": server_round, **stats}],
         )
-        save_state(self.state_dir, new)
+        self._held.keep(new, lambda: save_state(self.state_dir, new))
         t_end = time.perf_counter()
         timing = {"startup_seconds": startup, "load_seconds": t_load - t0, "train_seconds": t_train - t_load,
-                  "save_seconds": t_end - t_train}
+                  "save_seconds": t_end - t_train,
+                  # the process's age at the reply (a per-message ClientApp: all of it; the forwarder
+                  # replaces it with its own in a site process, client/forward.py)
+                  "clientapp_seconds": process_age_s()}
         log.info("site %s round %d: %s | %s", self.s.site, server_round,
                  ", ".join(f"{k}={v:.4f}" for k, v in stats.items()),
                  ", ".join(f"{k}={v:.1f}" for k, v in timing.items()))

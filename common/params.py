@@ -10,8 +10,8 @@ perturb the model parameters theta, and a noised running variance can go negativ
 Wire format: every message (coordinator -> site and site -> coordinator, both tasks) carries the
 shared tensors as ONE flat uint8 array, their raw bytes concatenated in manifest order
 (``pack``/``unpack``). Flower 1.42 moves each array of a message as its own content-hashed object
-(one HTTP request per object and 5 MB chunk); 265 ResNet-50 tensors as separate arrays cost about
-2,100 requests per round each way, one packed array about 40. The manifest (keys, shapes, dtypes,
+(one HTTP request per object and per 5 MB chunk): 265 ResNet-50 tensors as separate arrays are
+hundreds of requests per message, one packed 94 MB array is 19 chunks. The manifest (keys, shapes, dtypes,
 hash) decides the layout on both sides; everything past the wire (update checks, averaging,
 checkpoints, evaluation) works on the unpacked tensors.
 """

@@ -85,6 +85,8 @@ def main(argv: list[str] | None = None) -> None:
                         "in their own dataset layouts")
     p.add_argument("--port", type=int, default=0, help="SuperLink port (default: a free one)")
     p.add_argument("--timeout", type=float, default=1800, help="seconds before everything is stopped")
+    p.add_argument("--no-site-process", action="store_true",
+                   help="fedclient --no-site-process: each round's ClientApp process does the site's round")
     a, overrides = p.parse_known_args(argv)
     out = Path(a.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -118,7 +120,7 @@ def main(argv: list[str] | None = None) -> None:
             cmd = [py, "-m", "client.main", "--site", site, "--superlink", address, "--insecure",
                    "--data-root", str(roots[site][1]), "--reader", roots[site][0],
                    "--state-dir", str(out / "state" / site), "--port", str(processes.free_port()),
-                   "--max-wait-time", "120"]
+                   "--max-wait-time", "120"] + (["--no-site-process"] if a.no_site_process else [])
             procs.append(processes.start(cmd, processes.tool_env(), log_path=out / f"site_{site}.log",
                                          cwd=REPO_ROOT))
         try:

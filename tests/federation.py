@@ -117,6 +117,17 @@ class Federation:
         for pid in processes_mentioning(str(self.state_dir(site) / "flwr_home")):
             _kill_pid(pid)
 
+    def site_process_pids(self, site: str) -> list[int]:
+        """Pids of the site's long-lived site process (client/site_process.py)."""
+        pids = []
+        for pid in processes_mentioning(str(self.state_dir(site))):
+            try:
+                if b"client.site_process" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    pids.append(pid)
+            except OSError:
+                pass
+        return pids
+
     def freeze_site(self, site: str) -> None:
         """SIGSTOP every process of the site: it stays registered but never answers (unreachable)."""
         for pid in processes_mentioning(str(self.state_dir(site))):

@@ -13,6 +13,8 @@ Every wait is bounded and every process is killed and reaped at the end (checked
 killed mid-run and resumed is tested in test_resume.py (with the exactness check).
 """
 
+import os
+import signal
 import time
 
 import numpy as np
@@ -90,6 +92,38 @@ def test_site_killed_mid_training_round_completes_and_site_rejoins_from_its_stat
     assert r2["fit_seconds"] <= timeout_s + 30  # bounded by the round timeout
     assert r3["round"] == 3 and set(r3["sites"]) == {"market1501", "dukemtmc"} and r3["aggregated"]
     # it trained rounds 1 and 3, continuing its own state (head, optimizer, counter) after the restart
+    assert state["last_round"] == 3 and state["rounds_trained"] == 2
+    assert [h["round"] for h in state["history"]] == [1, 3]
+    _no_process_left(tmp_path)
+
+
+@pytest.mark.timeout(1200)
+def test_site_process_killed_mid_round_the_round_fails_for_it_and_it_rejoins_after_a_restart(tmp_path):
+    sites = ["market1501", "dukemtmc"]
+    with Federation(tmp_path, sites, ["rounds=3", "strategy.min_fit_sites=1", "round_timeout_s=900"]) as fed:
+        fed.start_server()
+        fed.start_site("market1501")
+        fed.start_site("dukemtmc", fault="sleep:300@2")  # round 2 takes long: its site process is killed in it
+        log = fed.site_log("dukemtmc")
+        fed.wait_for(lambda: _log_has(log, "site dukemtmc round 2: local training starts"), 600,
+                     "dukemtmc training round 2")
+        [pid] = fed.site_process_pids("dukemtmc")
+        os.kill(pid, signal.SIGKILL)  # only the site process: fedclient and its SuperNode live on
+        fed.wait_for(lambda: _log_has(log, "restarting it from its state file (restart 1 of 5)"), 60,
+                     "fedclient to restart the site process")
+        assert fed.wait_server(900) == 0, fed.logs()
+        rows = fed.metrics()
+        state = fed.site_state("dukemtmc")
+        restarted = fed.site_process_pids("dukemtmc")
+        server_log = (tmp_path / "fedserver.log").read_text(errors="replace")
+    r2, r3 = rows[2], rows[3]
+    assert restarted and restarted != [pid]
+    # round 2: dukemtmc's reply was an error (not a timeout: the ClientApp found the channel closed)
+    assert r2["round"] == 2 and set(r2["sites"]) == {"market1501"} and r2["failures"] == 1 and r2["aggregated"]
+    assert "site dukemtmc: no reply from its site process" in server_log
+    assert r2["fit_seconds"] < 600  # far from the 900 s round timeout
+    # round 3: the restarted site process read the state file of round 1 and trained from it
+    assert r3["round"] == 3 and set(r3["sites"]) == {"market1501", "dukemtmc"} and r3["aggregated"]
     assert state["last_round"] == 3 and state["rounds_trained"] == 2
     assert [h["round"] for h in state["history"]] == [1, 3]
     _no_process_left(tmp_path)

@@ -115,3 +115,35 @@ def test_learning_rate_steps_down_every_40_rounds():
         set_round_lr(opt, rnd, 40, 0.1)
         assert opt.param_groups[0]["lr"] == pytest.approx(0.01 * factor)
         assert opt.param_groups[1]["lr"] == pytest.approx(0.1 * factor)
+
+
+def test_site_process_in_memory_state_gives_the_same_rounds_as_per_message_clientapps(tiny_site, tmp_path,
+                                                                                        monkeypatch):
+    """One long-lived site (state held in memory, written in the background) and a new site object per
+    round (state read from disk, as a per-message ClientApp) send the same updates, bit for bit."""
+    cfg = tiny_config(train={"keep_optimizer_state": True})  # the momentum is held too
+    man = expected_manifest(cfg)
+    reads = []
+    real_load = nc.load_state
+    monkeypatch.setattr(nc, "load_state", lambda *a, **kw: reads.append(kw["before_round"]) or real_load(*a, **kw))
+
+    def settings(d, hold):
+        return SiteSettings(site="market1501", data_root=str(tiny_site), state_dir=str(d), hold_state=hold)
+
+    held = Unpacked(FedReIDClient(cfg, settings(tmp_path / "held", True)))
+    for rnd in (1, 2, 3):
+        g = global_arrays(cfg, seed=rnd)
+        fresh_sent, n1, m1 = Unpacked(FedReIDClient(cfg, settings(tmp_path / "fresh", False))).fit(g, fit_config(cfg, rnd))
+        held_sent, n2, m2 = held.fit(g, fit_config(cfg, rnd))
+        assert n1 == n2 and m1["loss"] == m2["loss"], rnd
+        for k, a, b in zip(man.keys, fresh_sent, held_sent):
+            np.testing.assert_array_equal(a, b, err_msg=f"round {rnd}: {k}")
+    assert reads == [1, 1, 2, 3]  # fresh r1, held r1, fresh r2, fresh r3: the held site read it only once
+    held.close()  # the last background write is finished
+    a = load_state(tmp_path / "fresh", site="market1501", manifest_hash=man.hash, num_classes=4)
+    b = load_state(tmp_path / "held", site="market1501", manifest_hash=man.hash, num_classes=4)
+    assert a.last_round == b.last_round == 3 and a.rounds_trained == b.rounds_trained == 3
+    for k, v in a.model.items():
+        assert torch.equal(v, b.model[k]), k
+    for i, s in a.optimizer["state"].items():
+        assert torch.equal(s["momentum_buffer"], b.optimizer["state"][i]["momentum_buffer"]), i

@@ -1,0 +1,146 @@
+"""The long-lived site process: one per ``fedclient``, holding the site for as long as it runs.
+
+    python -m client.site_process --socket STATE_DIR/site.sock --node-config-json '{"site": ...}'
+
+It imports torch once, builds the site (``client/build.py``: the FedReID or FedFR NumPyClient,
+with its data index) on the first message of a run and keeps it: the state of the site's last
+round (models, head, expert, DFC layer, optimizer state) stays in memory, and the state file is
+still written atomically after every round (crash safety, coordinator resume and a restart of this
+process read it). Each message arrives from the ClientApp forwarder (``client/forward.py``) over
+the site's channel (``client/channel.py``); a failure becomes an error reply, never a dead process.
+
+It ends on SIGTERM/SIGINT, and by itself when ``fedclient`` (its parent) is gone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import logging
+import os
+import signal
+import sys
+import time
+
+from client.build import build_site
+from client.channel import ChannelError, listen, recv_frame, send_frame
+from common.config import ExperimentConfig
+from common.logs import setup_logging
+
+log = logging.getLogger("fedclient")
+
+
+class SiteHost:
+    """The site of the current run (rebuilt when a message brings another experiment config)."""
+
+    def __init__(self, node_config: dict) -> None:
+        self.node = {**node_config, "hold-state": "true"}  # the last state stays in memory between rounds
+        self.experiment: str | None = None
+        self.site = None
+
+    def client(self, experiment: str):
+        if self.site is None or experiment != self.experiment:
+            if self.site is not None:
+                _close(self.site)
+            self.site = build_site(ExperimentConfig.from_json(experiment), self.node)
+            self.experiment = experiment
+        return self.site
+
+    def handle(self, header: dict, arrays: list) -> tuple[dict, list]:
+        t0 = time.perf_counter()
+        op = header.get("op")
+        if op == "ping":
+            return {"ok": True, "pid": os.getpid()}, []
+        config = header.get("config", {})
+        site = self.client(str(header.get("experiment", "{}")))
+        if op == "get_parameters":
+            return {"ok": True}, site.get_parameters(config)
+        if op == "fit":
+            out, n, metrics = site.fit(arrays, config)
+            return {"ok": True, "num_examples": int(n), "metrics": metrics,
+                    "handled_seconds": time.perf_counter() - t0}, out
+        raise ValueError(f"unknown operation {op!r} (expected fit, get_parameters or ping)")
+
+    def close(self) -> None:
+        if self.site is not None:
+            _close(self.site)
+
+
+def _close(site) -> None:
+    close = getattr(site, "close", None)
+    if close is not None:
+        close()
+
+
+def _die_with_parent() -> None:
+    """Linux: SIGKILL this process when fedclient dies, even by SIGKILL (no orphaned site process)."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def serve(path: str, host: SiteHost, parent: int) -> None:
+    stop = {"now": False}
+
+    def on_signal(signum, _frame):
+        stop["now"] = True
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    srv = listen(path)
+    srv.settimeout(0.5)
+    log.info("site process %d: ready on %s", os.getpid(), path)
+    try:
+        while not stop["now"] and os.getppid() == parent:
+            try:
+                conn, _ = srv.accept()
+            except TimeoutError:
+                continue
+            except InterruptedError:
+                continue
+            with conn:
+                conn.settimeout(None)
+                try:
+                    header, arrays = recv_frame(conn)
+                except (ChannelError, OSError) as e:
+                    log.warning("site process: a malformed or broken request on %s: %s", path, e)
+                    continue
+                try:
+                    reply, out = host.handle(header, arrays)
+                except Exception as e:  # the round's error goes back as the reply; the process lives on
+                    log.exception("site process: %s failed", header.get("op"))
+                    reply, out = {"ok": False, "error": f"{type(e).__name__}: {e}"}, []
+                try:
+                    send_frame(conn, reply, out)
+                except OSError as e:
+                    log.warning("site process: the ClientApp went away before the reply: %s", e)
+    finally:
+        srv.close()
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+        host.close()
+        log.info("site process %d: stopped", os.getpid())
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="site_process", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--socket", required=True, help="the channel's socket path (in the site's state folder)")
+    p.add_argument("--node-config-json", required=True, help="the site's node config as JSON (as the SuperNode's)")
+    a = p.parse_args(argv)
+    parent = os.getppid()
+    _die_with_parent()
+    setup_logging("fedclient")
+    node = json.loads(a.node_config_json)
+    if not isinstance(node, dict):
+        raise SystemExit(f"site_process: --node-config-json must be a JSON object, found {a.node_config_json!r}")
+    serve(a.socket, SiteHost(node), parent)
+    sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()
