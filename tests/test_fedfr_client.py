@@ -209,3 +209,25 @@ def test_public_negatives_all_takes_every_public_image_without_selection(world, 
     cfg.fedfr.public_negatives = "some"
     with pytest.raises(ValueError, match="fedfr.public_negatives: expected one of hard, all, found 'some'"):
         cfg.fedfr.validate()
+
+
+def test_fedfr_site_process_in_memory_state_gives_the_same_rounds_as_per_message_clientapps(world, tmp_path):
+    """One long-lived FedFR site (W_l, Pi, Omega, b and the momentum held in memory) and a new site
+    object per round (everything from the state file) send the same updates, bit for bit."""
+    import dataclasses
+
+    fresh_dir, held_dir = tmp_path / "fresh", tmp_path / "held"
+    cfg = tiny_fedfr_config(world, fresh_dir, t_hn=0.0)
+    held = FedFRClient(cfg, dataclasses.replace(settings(world, held_dir, "face1"), hold_state=True))
+    for rnd in (1, 2, 3):
+        g = global_arrays(cfg, PUBLIC, rnd)
+        a, n1, m1 = FedFRClient(cfg, settings(world, fresh_dir, "face1")).fit(g, conf(cfg, rnd))
+        b, n2, m2 = held.fit(g, conf(cfg, rnd))
+        assert n1 == n2 and m1["hard_negatives"] == m2["hard_negatives"], rnd
+        for x, y in zip(a, b):
+            np.testing.assert_array_equal(x, y, err_msg=f"round {rnd}")
+    held.close()
+    sa, sb = load_fedfr_state(fresh_dir / "face1"), load_fedfr_state(held_dir / "face1")
+    assert sa.last_round == sb.last_round == 3
+    for k, v in sa.model.items():
+        assert torch.equal(v, sb.model[k]), k
