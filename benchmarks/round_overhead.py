@@ -40,7 +40,7 @@ def run_mode(mode: str, out: Path, rounds: int, backbone: str, sites: int) -> di
            "--target-ids", "3", "--sites", *["market1501", "dukemtmc", "cuhk03", "msmt17"][:sites],
            f"rounds={rounds}", f"model.backbone={backbone}", "model.pretrained=none", "model.height=32",
            "model.width=16", "train.batch_size=4", "train.max_steps_per_epoch=1", "train.local_expert=false",
-           "train.threads=1", "eval.every=0"]
+           "train.threads=1", "eval.every=0", "round_timeout_s=1800"]
     if mode != "site_process":
         cmd.insert(3, "--no-site-process")
     if mode == "floor":
