@@ -89,7 +89,8 @@ class FedReIDClient(NumPyClient):
 
     def fit(self, parameters, config):
         t0 = time.perf_counter()
-        startup = process_age_s()  # ClientApp process start -> here (imports, data listing)
+        # ClientApp process start -> here (imports, data listing); a site process was up before the message
+        startup = 0.0 if self.s.hold_state else process_age_s()
         server_round = int(config.get("server_round", 1))
         their_hash = str(config.get("manifest_hash", ""))
         if their_hash != self.manifest.hash:
