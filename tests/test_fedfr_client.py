@@ -217,7 +217,7 @@ def test_fedfr_site_process_in_memory_state_gives_the_same_rounds_as_per_message
     import dataclasses
 
     fresh_dir, held_dir = tmp_path / "fresh", tmp_path / "held"
-    cfg = tiny_fedfr_config(world, fresh_dir, t_hn=0.0)
+    cfg = tiny_fedfr_config(world, fresh_dir, t_hn=0.0, keep_optimizer_state=True)
     held = FedFRClient(cfg, dataclasses.replace(settings(world, held_dir, "face1"), hold_state=True))
     for rnd in (1, 2, 3):
         g = global_arrays(cfg, PUBLIC, rnd)
@@ -231,3 +231,5 @@ def test_fedfr_site_process_in_memory_state_gives_the_same_rounds_as_per_message
     assert sa.last_round == sb.last_round == 3
     for k, v in sa.model.items():
         assert torch.equal(v, sb.model[k]), k
+    for i, s in sa.optimizer["state"].items():
+        assert torch.equal(s["momentum_buffer"], sb.optimizer["state"][i]["momentum_buffer"]), i
