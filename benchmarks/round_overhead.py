@@ -79,6 +79,33 @@ def run_mode(mode: str, out: Path, rounds: int, backbone: str, sites: int) -> di
             "bytes_per_round": per_round[0]["bytes_moved"], "total_wall_s": round(wall, 1), "per_round": per_round}
 
 
+def serialisation_costs(backbone: str) -> dict:
+    """Per message, on this machine: Flower's array (de)serialisation (npy bytes) and the SHA-256 it
+    computes over every object's content (content addressing) for one packed message; and the
+    runtime's fixed poll intervals (flwr 1.42: the SuperNode sleeps 3 s when it pulls no message,
+    ``Grid.send_and_receive`` checks for replies every 3 s)."""
+    import hashlib
+
+    import numpy as np
+    from flwr.common import ndarrays_to_parameters, parameters_to_ndarrays
+
+    from common.config import ExperimentConfig
+    from common.models.builder import expected_manifest
+    from common.params import packed_nbytes
+
+    n = packed_nbytes(expected_manifest(ExperimentConfig.from_dict({"model": {"backbone": backbone}})))
+    a = np.random.default_rng(0).integers(0, 256, n, dtype=np.uint8)
+    t0 = time.perf_counter()
+    p = ndarrays_to_parameters([a])
+    t1 = time.perf_counter()
+    parameters_to_ndarrays(p)
+    t2 = time.perf_counter()
+    hashlib.sha256(p.tensors[0]).hexdigest()
+    t3 = time.perf_counter()
+    return {"packed_message_bytes": n, "serialise_s": round(t1 - t0, 3), "deserialise_s": round(t2 - t1, 3),
+            "sha256_s": round(t3 - t2, 3), "supernode_idle_poll_s": 3.0, "serverapp_reply_poll_s": 3.0}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=6)
@@ -88,7 +115,8 @@ def main() -> None:
     ap.add_argument("--keep", help="keep the run folders under this folder (default: temporary, removed)")
     a = ap.parse_args()
     root = Path(a.keep) if a.keep else Path(tempfile.mkdtemp(prefix="round_overhead_"))
-    result = {"backbone": a.backbone, "sites": a.sites, "rounds": a.rounds}
+    result = {"backbone": a.backbone, "sites": a.sites, "rounds": a.rounds,
+              "per_message_costs": serialisation_costs(a.backbone)}
     try:
         for mode in a.modes:
             result[mode] = run_mode(mode, root / mode, a.rounds, a.backbone, a.sites)
