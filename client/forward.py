@@ -45,6 +45,9 @@ class ForwardingClient(NumPyClient):
             raise SiteProcessError(f"site {self.site}: {reply.get('error', 'the site process failed the round')}")
         return reply, out
 
+    def get_properties(self, config):
+        return dict(self._call("get_properties", [], config)[0]["properties"])
+
     def get_parameters(self, config):
         return self._call("get_parameters", [], config)[1]
 

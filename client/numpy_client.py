@@ -70,12 +70,12 @@ class FedReIDClient(NumPyClient):
         self.num_classes = self.data.splits.num_train_pids
         self.state_dir = Path(settings.state_dir or f"~/.fedreid/state/{settings.site}").expanduser()
         self.fault = parse_fault(settings.fault)
+        self.mode = mode_of(cfg.strategy.mode)
         self._held = HeldState(background=settings.hold_state)
 
     def close(self) -> None:
         """Wait for the last state write (a site process ending)."""
         self._held.flush()
-        self.mode = mode_of(cfg.strategy.mode)
 
     def get_properties(self, config):
         """Who this site is (the coordinator names every new node by it, server/sites.py) and how many

@@ -54,13 +54,15 @@ class SiteHost:
             return {"ok": True, "pid": os.getpid()}, []
         config = header.get("config", {})
         site = self.client(str(header.get("experiment", "{}")))
+        if op == "get_properties":
+            return {"ok": True, "properties": dict(site.get_properties(config))}, []
         if op == "get_parameters":
             return {"ok": True}, site.get_parameters(config)
         if op == "fit":
             out, n, metrics = site.fit(arrays, config)
             return {"ok": True, "num_examples": int(n), "metrics": metrics,
                     "handled_seconds": time.perf_counter() - t0}, out
-        raise ValueError(f"unknown operation {op!r} (expected fit, get_parameters or ping)")
+        raise ValueError(f"unknown operation {op!r} (expected fit, get_properties, get_parameters or ping)")
 
     def close(self) -> None:
         if self.site is not None:

@@ -76,24 +76,31 @@ def test_channel_long_socket_path_and_refusals(tmp_path):
 FORWARDER = r"""
 import json, sys, threading
 import numpy as np
-from flwr.common import Context, FitIns, RecordDict, ndarrays_to_parameters, parameters_to_ndarrays
+from flwr.common import (Context, FitIns, GetPropertiesIns, RecordDict, ndarrays_to_parameters,
+                         parameters_to_ndarrays)
 from client.app import client_fn
 from client.channel import listen, recv_frame, send_frame
 
 path = sys.argv[1]
 srv = listen(path)
-def site():  # a stand-in site process (numpy only): doubles what it gets
-    conn, _ = srv.accept()
-    header, arrays = recv_frame(conn)
-    send_frame(conn, {"ok": True, "num_examples": 7, "metrics": {"site": "s1", "op": header["op"],
-                      "round": header["config"]["server_round"]}, "handled_seconds": 0.0}, [a * 2 for a in arrays])
-    conn.close()
+def site():  # a stand-in site process (numpy only): names itself, doubles what it gets
+    for _ in range(2):
+        conn, _ = srv.accept()
+        header, arrays = recv_frame(conn)
+        if header["op"] == "get_properties":
+            send_frame(conn, {"ok": True, "properties": {"site": "s1", "num_identities": 4}})
+        else:
+            send_frame(conn, {"ok": True, "num_examples": 7, "metrics": {"site": "s1", "op": header["op"],
+                              "round": header["config"]["server_round"]}, "handled_seconds": 0.0},
+                       [a * 2 for a in arrays])
+        conn.close()
 threading.Thread(target=site, daemon=True).start()
 ctx = Context(run_id=1, node_id=1, node_config={"site": "s1", "site-socket": path}, state=RecordDict(),
               run_config={"experiment-json": "{}"})
 client = client_fn(ctx)
+props = client.get_properties(GetPropertiesIns({})).properties
 res = client.fit(FitIns(ndarrays_to_parameters([np.arange(5, dtype=np.uint8)]), {"server_round": 4}))
-print(json.dumps({"out": parameters_to_ndarrays(res.parameters)[0].tolist(), "n": res.num_examples,
+print(json.dumps({"out": parameters_to_ndarrays(res.parameters)[0].tolist(), "n": res.num_examples, "props": props,
                   "metrics": res.metrics, "torch": sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "torchvision"))}))
 """
 
@@ -105,6 +112,7 @@ def test_forwarder_passes_the_message_and_imports_no_torch(tmp_path):
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["torch"] == []  # neither torch nor torchvision was imported
     assert out["out"] == [0, 2, 4, 6, 8] and out["n"] == 7
+    assert out["props"] == {"site": "s1", "num_identities": 4}  # the site roster's question, answered by the site
     assert out["metrics"]["op"] == "fit" and out["metrics"]["round"] == 4 and out["metrics"]["site"] == "s1"
     assert out["metrics"]["clientapp_seconds"] >= out["metrics"]["startup_seconds"] > 0
 
