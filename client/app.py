@@ -4,7 +4,9 @@ With a site process (``fedclient`` default: the node config names its ``site-soc
 ClientApp is a thin forwarder (``client/forward.py``, no torch): the long-lived site process holds
 the data, models, head, expert and DFC layer and does the round. Without one (the simulation
 engine, ``fedclient --no-site-process``, unit tests) the ClientApp builds the site in its own
-process, from its state on disk: the same site code (``client/build.py``) either way.
+process, from its state on disk: the same site code (``client/build.py``) either way. A virtual
+site of the simulation engine has only a partition id: ``client/virtual_site.py`` turns it into
+that site's node config first.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 from flwr.client import ClientApp
 from flwr.common import Context
 
+from client.virtual_site import is_virtual, virtual_node_config
 from common.config import ExperimentConfig
 from common.logs import setup_logging
 
@@ -26,7 +29,10 @@ def client_fn(context: Context):
         return ForwardingClient(str(node["site-socket"]), experiment, site=str(node.get("site", ""))).to_client()
     from client.build import build_site
 
-    return build_site(ExperimentConfig.from_json(experiment), node).to_client()
+    cfg = ExperimentConfig.from_json(experiment)
+    if is_virtual(node):  # simulation engine: partition id -> that virtual site's settings
+        node = virtual_node_config(cfg, node)
+    return build_site(cfg, node).to_client()
 
 
 app = ClientApp(client_fn=client_fn)

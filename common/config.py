@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from common.engine_config import EngineConfig, build_virtual_sites
 from common.fedfr_config import FedFRConfig
 from common.modes import MODES
 
@@ -172,6 +173,7 @@ class ExperimentConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
     superlink: SuperLinkConfig = field(default_factory=SuperLinkConfig)
     fedfr: FedFRConfig = field(default_factory=FedFRConfig)  # task: fedfr (seed 001)
+    engine: EngineConfig = field(default_factory=EngineConfig)  # deployment | simulation (Flower's runtimes)
     # Set by `fedserver resume=RUN_DIR` (server/resume.py), not by hand: the checkpoint the ServerApp
     # continues from (round k+1 onwards). Empty for a new run.
     resume_from: str = ""
@@ -206,6 +208,7 @@ class ExperimentConfig:
             raise bad("task", "fedreid or fedfr", self.task)
         if self.task == "fedfr":
             self.fedfr.validate()
+        self.engine.validate(self.sites)
         if not 0.0 < self.strategy.fraction <= 1.0:
             raise bad("strategy.fraction", "S in (0, 1]", self.strategy.fraction)
         if self.strategy.mode not in MODES:
@@ -282,6 +285,8 @@ def _build(cls: type, d: dict[str, Any] | None, prefix: str) -> Any:
             if not isinstance(v, dict):
                 raise ValueError(f"config {key}: expected a mapping name -> {{reader, root}}, found {v!r}")
             kwargs[name] = {n: _build(TargetConfig, t, f"{key}.{n}.") for n, t in v.items()}
+        elif cls is EngineConfig and name == "sites":
+            kwargs[name] = build_virtual_sites(v, key + ".")
         else:
             kwargs[name] = v
     return cls(**kwargs)
@@ -289,5 +294,5 @@ def _build(cls: type, d: dict[str, Any] | None, prefix: str) -> Any:
 
 def _dataclass_of(t: Any) -> type | None:
     names = {c.__name__: c for c in (ModelConfig, TrainConfig, StrategyConfig, PrivacyConfig, EvalConfig, SuperLinkConfig,
-                                     FedFRConfig)}
+                                     FedFRConfig, EngineConfig)}
     return names.get(t if isinstance(t, str) else getattr(t, "__name__", ""))

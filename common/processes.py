@@ -12,6 +12,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 MALLOC_ARENA_MAX = "2"
+# Every process a run starts inherits this variable (SuperLink, flwr-simulation, Ray's daemons and
+# workers): kill_tagged finds what is left of a run by it, whatever process group it moved to.
+RUN_TAG_ENV = "FEDREID_RUN_TAG"
 
 
 def tool_env(flwr_home: str | Path | None = None, extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -116,3 +119,57 @@ def process_age_s() -> float:
         return max(0.0, time.time() - (boot + start_ticks / os.sysconf("SC_CLK_TCK")))
     except (OSError, ValueError, StopIteration, IndexError):
         return 0.0
+
+
+def tagged_pids(tag: str) -> list[int]:
+    """Pids of this user's processes whose environment holds ``FEDREID_RUN_TAG=<tag>`` (Linux /proc)."""
+    needle = f"{RUN_TAG_ENV}={tag}".encode()
+    me, found = os.getpid(), []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit() or int(d.name) == me:
+            continue
+        try:
+            env = (d / "environ").read_bytes()
+        except OSError:  # gone, or another user's
+            continue
+        if needle in env.split(b"\0"):
+            found.append(int(d.name))
+    return found
+
+
+def kill_tagged(tag: str, grace_s: float = 5.0) -> list[int]:
+    """SIGTERM every process of run ``tag``, SIGKILL those alive after ``grace_s``; returns the pids found.
+
+    Ray starts its daemons (GCS, raylet) and workers in sessions of their own, so stopping the
+    SuperLink's process group does not reach them.
+    """
+    if not tag:
+        raise ValueError("kill_tagged needs a non-empty run tag")
+    pids = tagged_pids(tag)
+    for pid in pids:
+        _signal_pid(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and any(_alive(p) for p in pids):
+        time.sleep(0.2)
+    for pid in pids:
+        if _alive(pid):
+            _signal_pid(pid, signal.SIGKILL)
+    for pid in tagged_pids(tag):  # children forked while we waited
+        _signal_pid(pid, signal.SIGKILL)
+    return pids
+
+
+def _signal_pid(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _alive(pid: int) -> bool:
+    """Running (a zombie, dead but not yet reaped by its parent, counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False

@@ -79,6 +79,39 @@ def build_superlink_cmd(cfg: ExperimentConfig) -> list[str]:
     return cmd
 
 
+class DeploymentEngine:
+    """Flower's deployment runtime: the sites are SuperNodes their operators start (``fedclient``)."""
+
+    def prepare(self, cfg: ExperimentConfig) -> None:
+        if cfg.superlink.insecure:
+            print("fedserver: WARNING: superlink.insecure=true: site traffic is NOT encrypted", file=sys.stderr)
+
+    def superlink_cmd(self, cfg: ExperimentConfig) -> list[str]:
+        return build_superlink_cmd(cfg)
+
+    def superlink_env(self, cfg: ExperimentConfig, flwr_home: Path) -> dict[str, str]:
+        return processes.tool_env(flwr_home)
+
+    def run_args(self, cfg: ExperimentConfig) -> list[str]:
+        return []
+
+    def describe(self, cfg: ExperimentConfig) -> str:
+        return f"waiting for sites {cfg.sites}"
+
+    def cleanup(self) -> list[int]:
+        return []
+
+
+def _simulation_engine():
+    from server.simulation import SimulationEngine  # imports the site readers: only when chosen
+
+    return SimulationEngine()
+
+
+# engine.name -> the runtime that runs the (same) ServerApp and ClientApp
+ENGINES = {"deployment": DeploymentEngine, "simulation": _simulation_engine}
+
+
 def write_cli_config(flwr_home: Path, cfg: ExperimentConfig) -> str:
     """The `flwr` CLI's connection to our SuperLink (``$FLWR_HOME/config.toml``)."""
     host, port = processes.split_address(cfg.superlink.address)
@@ -144,6 +177,8 @@ def run(cfg: ExperimentConfig, *, resume: bool = False) -> int:
     check_targets(cfg)
     if cfg.task == "fedreid" and not resume:
         check_initial_weights(cfg)
+    engine = ENGINES[cfg.engine.name]()
+    engine.prepare(cfg)
     run_dir = Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     # superlink.persist_state=true keeps the SuperLink's state (registered nodes, keys) in a file:
@@ -164,24 +199,22 @@ def run(cfg: ExperimentConfig, *, resume: bool = False) -> int:
 
         if announce_resume(cfg):  # every round was done already
             return 0
-    if cfg.superlink.insecure:
-        print("fedserver: WARNING: superlink.insecure=true: site traffic is NOT encrypted", file=sys.stderr)
     home = run_dir / "flwr_home"
     db_args = ["--database", str(db)] if cfg.superlink.persist_state else []  # default: in memory
-    superlink = processes.start(build_superlink_cmd(cfg) + db_args,
-                                processes.tool_env(home / "superlink"), log_path=run_dir / "superlink.log")
+    superlink = processes.start(engine.superlink_cmd(cfg) + db_args, engine.superlink_env(cfg, home / "superlink"),
+                                log_path=run_dir / "superlink.log")
     submit = None
     try:
         host, port = processes.split_address(cfg.superlink.address)
         processes.wait_for_port(host, port, cfg.superlink.startup_timeout_s, superlink)
-        print(f"fedserver: SuperLink listening on {cfg.superlink.address}; waiting for sites {cfg.sites}", flush=True)
+        print(f"fedserver: SuperLink listening on {cfg.superlink.address}; {engine.describe(cfg)}", flush=True)
         conn = write_cli_config(home / "cli", cfg)
         if cfg.superlink.node_auth and cfg.superlink.site_keys and not db_kept:  # a resumed state has them
             ids = admin.register_site_keys(cfg.superlink.site_keys, home / "cli", conn)
             # the ServerApp names each node by its registered key, never by what the node claims
             write_site_nodes(run_dir / SITE_NODES, ids)
         cmd = [processes.executable("flwr"), "run", cfg.app_dir, conn, "--stream",
-               "--run-config", str(run_config_file(run_dir, cfg))]
+               "--run-config", str(run_config_file(run_dir, cfg)), *engine.run_args(cfg)]
         submit = subprocess.Popen(cmd, env=processes.tool_env(home / "cli"), start_new_session=True)
         limit = cfg.wait_for_sites_s + cfg.rounds * cfg.round_timeout_s + 300
         deadline = time.monotonic() + limit
@@ -200,6 +233,7 @@ def run(cfg: ExperimentConfig, *, resume: bool = False) -> int:
         if submit is not None:
             processes.stop(submit, grace_s=5)
         processes.stop(superlink, grace_s=10)
+        engine.cleanup()
     status = _status(run_dir)
     if status == "completed":
         print(f"fedserver: run completed; outputs in {run_dir}", flush=True)

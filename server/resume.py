@@ -52,7 +52,8 @@ FORMAT = 1  # version of the checkpoint's keys
 
 # keys that may be changed on resume: where and how the processes run, not what they compute
 RESUMABLE_OVERRIDES = ("superlink.", "wait_for_sites_s", "round_timeout_s", "eval.device", "eval.batch_size",
-                       "app_dir")
+                       "app_dir", "engine.num_cpus", "engine.num_gpus", "engine.ray_address", "engine.ray_num_cpus",
+                       "engine.object_store_fraction")
 
 
 @dataclass

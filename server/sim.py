@@ -1,11 +1,19 @@
-"""``fedsim``: a whole federation on one machine, as real separate processes (what `make demo` runs).
+"""``fedsim``: a whole federation on one machine (what `make demo` runs).
 
-Writes synthetic private datasets (Market-1501 layout) for each site and unseen target domains,
-starts ``fedserver`` and one ``fedclient`` per site on loopback, waits for the run, stops every
-process it started (also on failure or Ctrl-C) and prints the metrics of the untrained and the
-final global model.
+Writes synthetic private datasets (Market-1501 layout; each site a domain with its own identities)
+and unseen target domains, then runs the federation on one of Flower's runtimes:
 
-    fedsim [--out runs/demo] [--sites market1501 dukemtmc cuhk03 msmt17] [HYDRA_OVERRIDES...]
+- ``--engine deployment`` (default): ``fedserver`` and one ``fedclient`` per site on loopback, as
+  real separate processes;
+- ``--engine simulation``: ``fedserver engine=simulation``, the same ServerApp and ClientApp with
+  one virtual site per dataset in Ray workers (``--sites 40`` makes site01..site40).
+
+It waits for the run, stops every process it started (also on failure or Ctrl-C) and prints the
+metrics of the untrained and the final global model. ``experiment=fedfr-demo`` runs the FedFR demo
+instead (server/sim_fedfr.py, the same options).
+
+    fedsim [--out runs/demo] [--sites market1501 dukemtmc cuhk03 msmt17 | --sites N] [--engine simulation]
+           [HYDRA_OVERRIDES...]   e.g. engine.num_cpus=2 engine.num_gpus=0.25 rounds=10
 """
 
 from __future__ import annotations
@@ -73,10 +81,45 @@ def clear_site_states(state_dir: Path, sites: list[str]) -> None:
         shutil.rmtree(state_dir / site, ignore_errors=True)
 
 
+def site_list(sites: list[str], engine: str, prefix: str = "site") -> list[str]:
+    """``--sites``: names, or one number N (simulation: N virtual sites prefix01..prefixNN)."""
+    if len(sites) == 1 and sites[0].isdigit():
+        n = int(sites[0])
+        if n < 1:
+            raise SystemExit(f"--sites: expected at least one site, found {n}")
+        if engine != "simulation":
+            raise SystemExit(f"--sites {n}: numbered sites are virtual sites of --engine simulation; the deployment "
+                             "runtime runs named sites (conf/site/<name>.yaml), e.g. --sites market1501 dukemtmc")
+        width = max(2, len(str(n)))
+        return [f"{prefix}{i:0{width}d}" for i in range(1, n + 1)]
+    if len(set(sites)) != len(sites):
+        raise SystemExit(f"--sites: names must be distinct, found {sites}")
+    return list(sites)
+
+
+def simulation_overrides(sites: dict[str, tuple[str, Path, Path]], public_root: Path | None = None) -> list[str]:
+    """Hydra overrides of ``fedserver engine=simulation``: every virtual site's reader, data and state."""
+    out = ["engine=simulation"]
+    for site, (reader, data_root, state_dir) in sites.items():
+        out += [f"++engine.sites.{site}.reader={reader}", f"++engine.sites.{site}.data_root={data_root}",
+                f"++engine.sites.{site}.state_dir={state_dir}"]
+        if public_root is not None:
+            out.append(f"++engine.sites.{site}.public_root={public_root}")
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "experiment=fedfr-demo" in argv:  # the FedFR demo, same options
+        from server.sim_fedfr import main as fedfr_main
+
+        return fedfr_main([a for a in argv if a != "experiment=fedfr-demo"])
     p = argparse.ArgumentParser(prog="fedsim", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default="runs/demo", help="run folder: data/, state/, logs and outputs (default %(default)s)")
-    p.add_argument("--sites", nargs="+", default=DEFAULT_SITES, help="site names (conf/site/*.yaml)")
+    p.add_argument("--sites", nargs="+", default=DEFAULT_SITES,
+                   help="site names (conf/site/*.yaml), or a number N of virtual sites (--engine simulation)")
+    p.add_argument("--engine", choices=("deployment", "simulation"), default="deployment",
+                   help="Flower runtime: deployment (a process per site, default) or simulation (Ray workers)")
     p.add_argument("--train-ids", type=int, default=40, help="identities per site")
     p.add_argument("--images-per-id", type=int, default=8)
     p.add_argument("--target-ids", type=int, default=30, help="test identities per unseen domain")
@@ -88,6 +131,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--no-site-process", action="store_true",
                    help="fedclient --no-site-process: each round's ClientApp process does the site's round")
     a, overrides = p.parse_known_args(argv)
+    a.sites = site_list(a.sites, a.engine)
     out = Path(a.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
@@ -102,6 +146,8 @@ def main(argv: list[str] | None = None) -> None:
         f"strategy.min_available_sites={len(a.sites)}", f"superlink.address={address}", "superlink.insecure=true",
         *[f"++eval.targets.{n}.reader={roots[n][0]}" for n in TARGETS],
         *[f"++eval.targets.{n}.root={roots[n][1]}" for n in TARGETS],
+        *(simulation_overrides({s: (*roots[s], out / "state" / s) for s in a.sites})
+          if a.engine == "simulation" else []),
         *overrides,
     ]
     py = sys.executable
@@ -116,7 +162,7 @@ def main(argv: list[str] | None = None) -> None:
         server = processes.start([py, "-m", "server.main", *server_overrides], processes.tool_env(),
                                  cwd=REPO_ROOT)
         procs.append(server)
-        for i, site in enumerate(a.sites):
+        for site in a.sites if a.engine == "deployment" else []:  # simulation: virtual sites in Ray workers
             cmd = [py, "-m", "client.main", "--site", site, "--superlink", address, "--insecure",
                    "--data-root", str(roots[site][1]), "--reader", roots[site][0],
                    "--state-dir", str(out / "state" / site), "--port", str(processes.free_port()),

@@ -8,7 +8,11 @@
 4. the FedFR evaluation (``server.fedfr_eval.fedfr_eval_main``): generic (IJB-C style) and
    personalised tables in the run folder.
 
-    python -m server.sim_fedfr [--out runs/fedfr-demo] [--sites face1 face2 face3 face4] [HYDRA_OVERRIDES...]
+    python -m server.sim_fedfr [--out runs/fedfr-demo] [--sites face1 face2 face3 face4 | --sites N]
+                               [--engine deployment|simulation] [HYDRA_OVERRIDES...]
+
+``--engine simulation`` runs step 3 on Flower's simulation engine (virtual sites in Ray workers,
+``--sites N`` makes face01..faceNN: the split tool's C = N sites); also ``fedsim experiment=fedfr-demo``.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from common.datasets import face_split, synthetic_faces
 from common.datasets.face_split import plan_split, read_identities, write_split
 from common.datasets.fingerprint import MARKER, data_fingerprint, is_current, mark_complete
 from common.datasets.synthetic_faces import write_identity_folders, write_ijbc_layout
+from server.sim import simulation_overrides, site_list
 
 # The IJB-C-style set is written as aligned 112x112 crops without landmarks (what the evaluation
 # accepts without meta/ijbc_name_5pts_score.txt); the evaluation resizes them to fedfr.image_size.
@@ -69,7 +74,10 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m server.sim_fedfr", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default="runs/fedfr-demo", help="run folder (data/, state/, logs, outputs)")
-    p.add_argument("--sites", nargs="+", default=["face1", "face2", "face3", "face4"], help="site names (conf/site/*.yaml)")
+    p.add_argument("--sites", nargs="+", default=["face1", "face2", "face3", "face4"],
+                   help="site names (conf/site/*.yaml), or a number N of virtual sites (--engine simulation)")
+    p.add_argument("--engine", choices=("deployment", "simulation"), default="deployment",
+                   help="Flower runtime of the federated rounds: deployment (a process per site) or simulation (Ray)")
     p.add_argument("--public-ids", type=int, default=100, help="K_g public identities")
     p.add_argument("--public-images", type=int, default=20, help="images per public identity")
     p.add_argument("--ids-per-site", type=int, default=15, help="K_l identities per site")
@@ -81,6 +89,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--port", type=int, default=0, help="SuperLink port (default: a free one)")
     p.add_argument("--timeout", type=float, default=1200, help="seconds before everything is stopped")
     a, overrides = p.parse_known_args(argv)
+    a.sites = site_list(a.sites, a.engine, prefix="face")
     out = Path(a.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
@@ -95,6 +104,8 @@ def main(argv: list[str] | None = None) -> None:
         f"fedfr.public_root={roots['public']}", f"fedfr.ijbc_root={roots['ijbc']}",
         *[f"++fedfr.eval_sites.{s}.data_root={roots[s]}" for s in a.sites],
         *[f"++fedfr.eval_sites.{s}.state_dir={out / 'state' / s}" for s in a.sites],
+        *(simulation_overrides({s: ("face_site", roots[s], out / "state" / s) for s in a.sites}, roots["public"])
+          if a.engine == "simulation" else []),
         *overrides,
     ]
     py = sys.executable
@@ -114,7 +125,7 @@ def main(argv: list[str] | None = None) -> None:
         server = processes.start([py, "-m", "server.main", *common_overrides, f"superlink.address={address}",
                                   "superlink.insecure=true"], processes.tool_env(), cwd=REPO_ROOT)
         procs.append(server)
-        for site in a.sites:
+        for site in a.sites if a.engine == "deployment" else []:  # simulation: virtual sites in Ray workers
             cmd = [py, "-m", "client.main", "--site", site, "--superlink", address, "--insecure",
                    "--data-root", str(roots[site]), "--reader", "face_site", "--public-root", str(roots["public"]),
                    "--state-dir", str(out / "state" / site), "--port", str(processes.free_port()),

@@ -1,0 +1,88 @@
+"""Which Flower runtime runs the federation: the ``engine`` section of ExperimentConfig.
+
+``deployment`` (default): a SuperLink and one SuperNode per site, real processes or machines
+(``fedserver`` + ``fedclient``). ``simulation``: Flower's simulation engine, the same ServerApp and
+ClientApp with N *virtual* sites in long-lived Ray workers on this machine or a Ray cluster
+(``fedserver engine=simulation``, ``fedsim --engine simulation``; server/simulation.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+ENGINES = ("deployment", "simulation")
+
+
+@dataclass
+class VirtualSiteConfig:
+    """One virtual site of a simulation: what ``fedclient --site`` gets from its operator."""
+
+    reader: str = "market1501"  # dataset reader (common.datasets.READERS or a face reader)
+    data_root: str = ""  # the site's private data
+    state_dir: str = ""  # the site's private state (head, expert, optimizer); one folder per site
+    public_root: str = ""  # FedFR: the site's copy of the public face data ("" = fedfr.public_root)
+    device: str = ""  # "" = cuda when engine.num_gpus > 0, else cpu
+
+
+@dataclass
+class EngineConfig:
+    name: str = "deployment"  # deployment | simulation
+    # Simulation only. Resources Ray reserves for each virtual site (one ClientApp run at a time per
+    # reservation): CPU threads (an integer: Flower's federation config) and a GPU fraction
+    # (0.25 = four virtual sites share one GPU). Ray also sets OMP_NUM_THREADS to num_cpus.
+    num_cpus: int = 1
+    num_gpus: float = 0.0
+    # Ray cluster to join ("auto", "HOST:6379"): start Ray on each machine first (`ray start --head`,
+    # `ray start --address HEAD:6379`). null = a private Ray instance on this machine.
+    ray_address: str | None = None
+    # Private instance only: CPUs Ray may use (0 = all of this machine's) and the share of the
+    # available memory its object store takes (0 = Ray's default, 0.3; parameters pass through it).
+    ray_num_cpus: int = 0
+    object_store_fraction: float = 0.0
+    # name -> where that virtual site's data and private state live; sites not listed take
+    # conf/site/<name>.yaml (filled in when the run is submitted).
+    sites: dict[str, VirtualSiteConfig] = field(default_factory=dict)
+
+    def validate(self, site_names: list[str]) -> None:
+        def bad(key: str, expected: str, found: Any) -> ValueError:
+            return ValueError(f"config engine.{key}: expected {expected}, found {found!r}")
+
+        if self.name not in ENGINES:
+            raise bad("name", f"one of {', '.join(ENGINES)}", self.name)
+        if not isinstance(self.num_cpus, int) or self.num_cpus < 1:
+            raise bad("num_cpus", "an integer >= 1 (CPU threads per virtual site)", self.num_cpus)
+        if not 0.0 <= float(self.num_gpus):
+            raise bad("num_gpus", "a GPU fraction >= 0 (0.5 = two virtual sites per GPU)", self.num_gpus)
+        if self.ray_num_cpus < 0:
+            raise bad("ray_num_cpus", ">= 0 (0 = all CPUs)", self.ray_num_cpus)
+        if not 0.0 <= self.object_store_fraction < 1.0:
+            raise bad("object_store_fraction", "a share of memory in [0, 1) (0 = Ray's default)",
+                      self.object_store_fraction)
+        if self.ray_address and (self.ray_num_cpus or self.object_store_fraction):
+            raise bad("ray_num_cpus/object_store_fraction", "0 when joining a Ray cluster (engine.ray_address; "
+                      "size the cluster with `ray start`)", (self.ray_num_cpus, self.object_store_fraction))
+        extra = sorted(set(self.sites) - set(site_names))
+        if extra:
+            raise bad("sites", f"settings only for sites of the run {site_names}", extra)
+        seen: dict[str, str] = {}  # nothing a site keeps private is shared: one state folder per site
+        for site, vs in self.sites.items():
+            if vs.state_dir and vs.state_dir in seen:
+                raise bad(f"sites.{site}.state_dir", f"a folder of its own (site {seen[vs.state_dir]!r} uses it)",
+                          vs.state_dir)
+            seen[vs.state_dir] = site
+
+
+def build_virtual_sites(d: dict[str, Any] | None, prefix: str) -> dict[str, VirtualSiteConfig]:
+    """``engine.sites`` from its dict form; unknown keys are errors naming the valid ones."""
+    if not isinstance(d, dict):
+        raise ValueError(f"config {prefix}: expected a mapping site -> {{reader, data_root, state_dir}}, found {d!r}")
+    valid = set(VirtualSiteConfig.__dataclass_fields__)
+    out = {}
+    for name, v in d.items():
+        v = dict(v or {})
+        unknown = sorted(set(v) - valid)
+        if unknown:
+            raise ValueError(f"config {prefix}{name}: unknown key(s) {unknown}; valid: {sorted(valid)}")
+        out[name] = VirtualSiteConfig(**v)
+    return out

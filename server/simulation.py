@@ -1,0 +1,143 @@
+"""The simulation engine: the unchanged ServerApp and ClientApp on Flower's simulation runtime.
+
+``fedserver engine=simulation`` (or ``fedsim --engine simulation``) starts a SuperLink with
+``--simulation`` and submits the run with ``flwr run ... --federation-config
+'num-supernodes=N client-resources-num-cpus=C client-resources-num-gpus=G'``. The SuperLink runs
+the ServerApp and Flower's simulation engine in one ``flwr-simulation`` process, which starts Ray
+(or joins the Ray cluster of ``engine.ray_address``); each virtual site runs in a long-lived Ray
+worker, so torch is imported and the model built once per worker instead of once per message.
+Everything else — run config, run folder, checkpoints, metrics, resume — is server/main.py's,
+shared with the deployment runtime. The virtual sites' settings travel in the run config
+(``engine.sites``, filled in here from ``conf/site/<name>.yaml`` where not given) and are turned
+into each node's settings at the ClientApp's edge (client/virtual_site.py).
+
+What a simulation run leaves behind is found by its tag (``FEDREID_RUN_TAG``, inherited by the
+SuperLink, ``flwr-simulation``, Ray's daemons and workers) and killed when the run ends.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import uuid
+from pathlib import Path
+
+from common import processes
+from common.compose import load_site
+from common.config import ExperimentConfig
+from common.engine_config import VirtualSiteConfig
+
+
+class SimulationEngine:
+    """Flower's simulation runtime with N virtual sites (one lookup entry of server/main.ENGINES)."""
+
+    def __init__(self) -> None:
+        self.tag = uuid.uuid4().hex[:12]
+        self.ray_tmp: Path | None = None
+
+    def prepare(self, cfg: ExperimentConfig) -> None:
+        """Fill in every virtual site's settings, check them, and pin the SuperLink to loopback."""
+        sl = cfg.superlink
+        if sl.node_auth:
+            raise SystemExit("fedserver: superlink.node_auth is for real sites; the simulation engine has no "
+                             "SuperNodes to authenticate (engine=deployment, or drop node_auth)")
+        _, port = processes.split_address(sl.address)
+        # Only the local `flwr run` talks to this SuperLink (the Control API); the virtual sites are
+        # Ray workers. Loopback, plain text.
+        sl.address, sl.insecure = f"127.0.0.1:{port}", True
+        cfg.engine.sites = fill_virtual_sites(cfg)
+        cfg.validate()  # one state folder per site
+        check_site_data(cfg)
+
+    def superlink_cmd(self, cfg: ExperimentConfig) -> list[str]:
+        host, port = processes.split_address(cfg.superlink.address)
+        return [processes.executable("flower-superlink"), "--simulation", "--insecure", "--host", host, "--port",
+                str(port), "--disable-runtime-dependency-installation"]
+
+    def superlink_env(self, cfg: ExperimentConfig, flwr_home: Path) -> dict[str, str]:
+        """The SuperLink's environment, inherited by flwr-simulation and so by Ray (``ray.init``)."""
+        extra = {processes.RUN_TAG_ENV: self.tag}
+        e = cfg.engine
+        if e.ray_address:
+            extra["RAY_ADDRESS"] = e.ray_address
+        else:
+            # a private Ray instance: its sockets and logs in a short folder of its own (Unix socket
+            # paths are limited to 107 bytes), removed with the run
+            self.ray_tmp = Path(tempfile.mkdtemp(prefix="fedreid-ray-"))
+            extra["RAY_TMPDIR"] = str(self.ray_tmp)
+            if e.object_store_fraction:
+                extra["RAY_DEFAULT_OBJECT_STORE_MEMORY_PROPORTION"] = str(e.object_store_fraction)
+        return processes.tool_env(flwr_home, extra)
+
+    def run_args(self, cfg: ExperimentConfig) -> list[str]:
+        """``flwr run`` options: the federation of N virtual sites and their resources."""
+        return ["--federation-config", federation_config(cfg)]
+
+    def describe(self, cfg: ExperimentConfig) -> str:
+        e = cfg.engine
+        where = f"the Ray cluster at {e.ray_address}" if e.ray_address else "a private Ray instance"
+        return (f"simulation engine on {where}: {len(cfg.sites)} virtual sites, {e.num_cpus} CPU thread(s) and "
+                f"{e.num_gpus:g} GPU each")
+
+    def cleanup(self) -> list[int]:
+        """Kill whatever the run left (Ray daemons and workers live in sessions of their own)."""
+        left = processes.kill_tagged(self.tag)
+        if self.ray_tmp is not None:
+            shutil.rmtree(self.ray_tmp, ignore_errors=True)
+        return left
+
+
+def federation_config(cfg: ExperimentConfig) -> str:
+    """Flower's simulation config as ``flwr run --federation-config`` takes it (TOML values)."""
+    e = cfg.engine
+    items = {"num-supernodes": len(cfg.sites), "backend": '"ray"', "client-resources-num-cpus": e.num_cpus,
+             "client-resources-num-gpus": float(e.num_gpus)}
+    if not e.ray_address and e.ray_num_cpus:
+        items["init-args-num-cpus"] = e.ray_num_cpus
+    return " ".join(f"{k}={v}" for k, v in items.items())
+
+
+def fill_virtual_sites(cfg: ExperimentConfig) -> dict[str, VirtualSiteConfig]:
+    """Every site of the run with its reader, data root and private state folder (absolute paths).
+
+    ``engine.sites.<name>`` wins; otherwise ``conf/site/<name>.yaml`` (as ``fedclient --site``).
+    """
+    out = {}
+    for site in cfg.sites:
+        vs = cfg.engine.sites.get(site)
+        if vs is None:
+            try:
+                d = load_site(site)
+            except ValueError as e:
+                raise SystemExit(f"fedserver: virtual site {site!r}: {e}; or give engine.sites.{site}."
+                                 "{reader,data_root,state_dir}") from None
+            vs = VirtualSiteConfig(reader=d["reader"], data_root=str(d["data_root"]),
+                                   state_dir=str(d.get("state_dir") or f"~/.fedreid/state/{site}"),
+                                   public_root=str(d.get("public_root") or ""))
+        if not vs.data_root:
+            raise SystemExit(f"fedserver: virtual site {site!r}: engine.sites.{site}.data_root is empty")
+        state = vs.state_dir or f"~/.fedreid/state/{site}"
+        out[site] = VirtualSiteConfig(
+            reader=vs.reader, data_root=_abs(vs.data_root), state_dir=_abs(state),
+            public_root=_abs(vs.public_root) if vs.public_root else "", device=vs.device)
+    return out
+
+
+def check_site_data(cfg: ExperimentConfig) -> None:
+    """Fail before Ray starts when a virtual site's data folder is wrong (as fedclient does)."""
+    from common.datasets import build_reader
+    from common.datasets.face_folder import FACE_READERS, build_face_reader
+
+    for site, vs in cfg.engine.sites.items():
+        try:
+            if vs.reader in FACE_READERS:
+                build_face_reader(vs.reader, vs.data_root)
+            else:
+                build_reader(vs.reader, vs.data_root)
+        except (OSError, ValueError) as e:
+            raise SystemExit(f"fedserver: virtual site {site!r}: {e}") from None
+        Path(vs.state_dir).mkdir(parents=True, exist_ok=True)
+
+
+def _abs(path: str) -> str:
+    return str(Path(path).expanduser().resolve())
