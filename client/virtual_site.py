@@ -30,7 +30,7 @@ def virtual_node_config(cfg: ExperimentConfig, node_config: dict[str, Any]) -> d
     """The node config of virtual site ``sites[partition-id]``, as ``fedclient`` would set it."""
     pid, n = node_config.get(PARTITION_ID_KEY), node_config.get(NUM_PARTITIONS_KEY)
     if not isinstance(pid, int) or isinstance(pid, bool):
-        raise ValueError(f"simulation node config: expected an integer {PARTITION_ID_KEY!r}, found {pid!r}")
+        raise ValueError(f"simulation node config: expected an integer {PARTITION_ID_KEY!r}, found {pid!r}")  # noqa: TRY004
     if n != len(cfg.sites):
         raise ValueError(f"simulation runs {n} virtual sites but the run config lists {len(cfg.sites)} "
                          f"({cfg.sites}); give num-supernodes = len(sites)")

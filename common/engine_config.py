@@ -76,7 +76,7 @@ class EngineConfig:
 def build_virtual_sites(d: dict[str, Any] | None, prefix: str) -> dict[str, VirtualSiteConfig]:
     """``engine.sites`` from its dict form; unknown keys are errors naming the valid ones."""
     if not isinstance(d, dict):
-        raise ValueError(f"config {prefix}: expected a mapping site -> {{reader, data_root, state_dir}}, found {d!r}")
+        raise ValueError(f"config {prefix}: expected a mapping site -> {{reader, data_root, state_dir}}, found {d!r}")  # noqa: TRY004
     valid = set(VirtualSiteConfig.__dataclass_fields__)
     out = {}
     for name, v in d.items():
