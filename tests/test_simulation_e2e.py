@@ -1,0 +1,125 @@
+"""End to end on Flower's simulation engine (Ray): the unchanged ServerApp and ClientApp with
+virtual sites; the same outputs as a deployment run, the same global model, nothing left behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from tests.procutil import processes_mentioning, run_to_end
+
+REPO = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.e2e
+
+# Ray on a small shared machine: no memory monitor (it kills workers when *other* programs fill the
+# memory), a small object store, one thread per site.
+RAY_ENV = {"RAY_memory_monitor_refresh_ms": "0", "OMP_NUM_THREADS": "1"}
+SIM = ["--engine", "simulation", "engine.ray_num_cpus=2", "engine.object_store_fraction=0.02"]
+TINY_REID = ["--train-ids", "4", "--images-per-id", "4", "--target-ids", "3", "model.height=32", "model.width=16",
+             "train.batch_size=4", "train.max_steps_per_epoch=1", "wait_for_sites_s=120", "round_timeout_s=300"]
+
+
+def run_fedsim(args: list[str], tmp_path: Path, timeout_s: float) -> str:
+    for k, v in RAY_ENV.items():
+        os.environ.setdefault(k, v)
+    code, output = run_to_end([sys.executable, "-m", "server.sim", *args], cwd=REPO, marker=str(tmp_path),
+                              timeout_s=timeout_s)
+    assert code == 0, output[-4000:]
+    return output
+
+
+def assert_nothing_left(tmp_path: Path) -> None:
+    time.sleep(1)
+    # the SuperLink, flwr-simulation, Ray's GCS/raylet and workers all carry FLWR_HOME under tmp_path
+    assert processes_mentioning(str(tmp_path)) == [], "Flower or Ray processes left behind"
+
+
+def assert_run_outputs(out: Path, rounds: int) -> list[dict]:
+    rows = json.loads((out / "metrics.json").read_text())
+    assert [r["round"] for r in rows] == list(range(rounds + 1))
+    assert json.loads((out / "status.json").read_text())["status"] == "completed"
+    assert (out / "metrics.csv").read_text().startswith("round,")
+    assert (out / "curves.png").stat().st_size > 1000
+    final = torch.load(out / "global_final.pt", weights_only=False)
+    assert final["round"] == rounds and all(torch.isfinite(v).all() for v in final["state_dict_shared"].values())
+    assert (out / "global_latest.pt").is_file()
+    return rows
+
+
+@pytest.mark.timeout(900)
+def test_six_virtual_reid_sites_two_rounds(tmp_path):
+    out = tmp_path / "run"
+    output = run_fedsim(["--out", str(out), "--sites", "6", *SIM, *TINY_REID, "--timeout", "700", "rounds=2"],
+                        tmp_path, timeout_s=800)
+    rows = assert_run_outputs(out, 2)
+    sites = {f"site0{i}" for i in range(1, 7)}
+    for r in rows[1:]:
+        assert r["sampled"] == 6 and r["replied"] == 6 and r["dropped"] == 0 and r["aggregated"] is True
+        assert set(r["sites"]) == sites
+        assert 0.0 <= r["mean/mAP"] <= 1.0 and 0.0 <= r["synth_a/R1"] <= 1.0
+    final = torch.load(out / "global_final.pt", weights_only=False)["state_dict_shared"]
+    assert not any(k.startswith("head.") for k in final)  # only the embedding is shared
+    heads = []
+    for site in sorted(sites):  # each virtual site kept its own private state, in its own folder
+        st = torch.load(out / "state" / site / "site_state.pt", weights_only=False)
+        assert (st["site"], st["last_round"], st["rounds_trained"], st["num_classes"]) == (site, 2, 2, 4)
+        heads.append(st["model"]["head.classifier.weight"])  # (4 identities, 512)
+        assert heads[-1].shape[0] == 4
+    assert all(not torch.equal(heads[0], h) for h in heads[1:])  # six different private heads
+    assert "simulation engine" in output and "[round 2/2]" in output
+    assert_nothing_left(tmp_path)
+
+
+@pytest.mark.timeout(900)
+def test_four_virtual_fedfr_sites(tmp_path):
+    out = tmp_path / "run"
+    run_fedsim(["experiment=fedfr-demo", "--out", str(out), "--sites", "4", *SIM,
+                "--public-ids", "6", "--public-images", "4", "--ids-per-site", "3", "--train", "4", "--test", "2",
+                "--ijbc-subjects", "4", "--size", "16", "--timeout", "700",
+                "rounds=2", "fedfr.embedding_dim=16", "fedfr.pretrain_epochs=1", "fedfr.pretrain_batch_size=8",
+                "fedfr.local_epochs=1", "fedfr.batch_size=4", "eval.batch_size=32",
+                "wait_for_sites_s=120", "round_timeout_s=300"], tmp_path, timeout_s=800)
+    rows = assert_run_outputs(out, 2)
+    sites = [f"face0{i}" for i in range(1, 5)]
+    for r in rows[1:]:
+        assert r["replied"] == 4 and r["dropped"] == 0 and r["aggregated"] is True
+        assert set(r["sites"]) == set(sites)
+        # the split tool's C = 4 sites, 3 identities x 4 train images each
+        assert all(r["sites"][s]["own_images"] == 12 for s in sites)
+        assert 0.0 <= r["ijbc/R1"] <= 1.0
+    for s in sites:
+        assert (out / "state" / s / "fedfr_state.pt").is_file()
+    report = json.loads((out / "fedfr_eval.json").read_text())  # the evaluation read the virtual sites' state
+    assert set(report["personalised_per_site"]["personalised [Theta_l, Pi_l]"]) == set(sites)
+    assert_nothing_left(tmp_path)
+
+
+@pytest.mark.timeout(1200)
+def test_deployment_and_simulation_give_the_same_global_model(tmp_path):
+    """Same seed and config, fraction 1, no noise, one thread per site: one round on each runtime."""
+    same = ["--sites", "market1501", "dukemtmc", *TINY_REID, "--timeout", "500", "rounds=1", "eval.every=0",
+            "strategy.fraction=1.0", "privacy.beta=0.0", "train.threads=1", "engine.num_cpus=1"]
+    run_fedsim(["--out", str(tmp_path / "dep"), *same], tmp_path, timeout_s=560)
+    run_fedsim(["--out", str(tmp_path / "sim"), *same, *SIM], tmp_path, timeout_s=560)
+    dep = torch.load(tmp_path / "dep" / "global_final.pt", weights_only=False)["state_dict_shared"]
+    sim = torch.load(tmp_path / "sim" / "global_final.pt", weights_only=False)["state_dict_shared"]
+    assert list(dep) == list(sim)
+    for k in dep:
+        np.testing.assert_allclose(sim[k].numpy(), dep[k].numpy(), rtol=1e-5, atol=1e-6, err_msg=k)
+    # a real round happened: the sites trained, with the same losses on both runtimes
+    rows = {e: json.loads((tmp_path / e / "metrics.json").read_text())[1] for e in ("dep", "sim")}
+    for site in ("market1501", "dukemtmc"):
+        assert rows["sim"]["sites"][site]["loss"] == pytest.approx(rows["dep"]["sites"][site]["loss"], rel=1e-5)
+        assert rows["dep"]["sites"][site]["loss"] > 0
+    moved = [k for k in dep if dep[k].is_floating_point() and dep[k].numel() > 100]
+    st = torch.load(tmp_path / "sim" / "state" / "market1501" / "site_state.pt", weights_only=False)["model"]
+    # the global model is not one site's model: it is their mean (two sites that trained differently)
+    assert any(not torch.allclose(dep[k], st[k]) for k in moved)
+    assert_nothing_left(tmp_path)
