@@ -21,6 +21,7 @@ figures are upper bounds.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import shutil
@@ -114,7 +115,7 @@ def one_run(name: str, out: Path, sites: int, engine: str, rounds: int, steps: i
     rows = json.loads((out / "metrics.json").read_text())
     cores = min(os.cpu_count() or 1, sites)
     per_round = []
-    for prev, r in zip(rows, rows[1:]):
+    for prev, r in itertools.pairwise(rows):
         train = [s["train_seconds"] for s in r["sites"].values()]
         wall_r = r["elapsed_s"] - prev["elapsed_s"]
         work = max(sum(train) / cores, max(train))
