@@ -49,6 +49,8 @@ def load_fedfr_state(state_dir: str | Path, *, site: str | None = None, manifest
     if path is None:
         return None
     st = FedFRSiteState(**torch_load(path))
+    if st.hard_negatives is not None:  # stored as a tensor (common/checkpoint.py: no numpy in checkpoints)
+        st.hard_negatives = np.asarray(st.hard_negatives)
     for what, found, expected in (("site", st.site, site), ("model manifest", st.manifest_hash, manifest_hash),
                                   ("public identities", st.public_hash, public_hash),
                                   ("local identity count", st.num_local, num_local)):

@@ -21,8 +21,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from common.checkpoint import atomic_torch_save, torch_load
 
 STATE_FILE = "site_state.pt"
@@ -89,7 +87,7 @@ def save_versioned(state: dict[str, Any], state_dir: str | Path, current: str, p
 
 def _last_round(path: Path) -> int:
     # memory-mapped: reads the small metadata, not the tensors
-    return int(torch.load(path, map_location="cpu", mmap=True, weights_only=False)["last_round"])
+    return int(torch_load(path, mmap=True)["last_round"])
 
 
 def pick_versioned(state_dir: Path, before_round: int | None, current: str, previous: str) -> Path | None:

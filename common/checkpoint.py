@@ -1,7 +1,16 @@
-"""Atomic save/load of global and site state (named keys, config, round, RNG).
+"""Atomic save and safe load of global and site state (named keys, config, round, RNG).
 
-Every write goes to a temporary file in the same folder, is flushed to disk, then renamed over
-the target: a crash leaves either the old file or the new one, never half of one.
+Every write goes to a temporary file in the same folder (created 0600: only the owner reads it),
+is flushed to disk, then renamed over the target: a crash leaves either the old file or the new
+one, never half of one.
+
+Every load goes through :func:`torch_load`, i.e. ``torch.load(weights_only=True)``: a checkpoint
+is data, never code. A pickle can name any importable callable and have it run while the file is
+read (a crafted ``global_latest.pt`` or ``site_state.pt`` would run code before any check), so
+only tensors and plain python values (dict, list, tuple, str, int, float, bool, None) are
+accepted. What the project saves is made of those first (:func:`to_plain`: numpy arrays become
+tensors, numpy scalars python numbers). A file holding anything else is refused with
+:class:`UnsafeCheckpointError`.
 """
 
 from __future__ import annotations
@@ -9,17 +18,24 @@ from __future__ import annotations
 import io
 import json
 import os
+import pickle
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
+
+
+class UnsafeCheckpointError(ValueError):
+    """A file that ``torch.load(weights_only=True)`` refuses: not loaded, nothing in it was run."""
 
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")  # mode 0600
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
@@ -31,9 +47,23 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
         raise
 
 
+def to_plain(obj: Any) -> Any:
+    """``obj`` with every numpy array turned into a tensor and every numpy scalar into a python
+    number (recursively through dicts, lists and tuples), so that a weights-only load reads it."""
+    if isinstance(obj, np.ndarray):
+        return torch.from_numpy(np.array(obj, copy=True))
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, dict):
+        return type(obj)((k, to_plain(v)) for k, v in obj.items())  # dict, OrderedDict (state dicts)
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(to_plain(v) for v in obj)
+    return obj
+
+
 def atomic_torch_save(obj: Any, path: str | Path) -> None:
     buf = io.BytesIO()
-    torch.save(obj, buf)
+    torch.save(to_plain(obj), buf)
     atomic_write_bytes(path, buf.getvalue())
 
 
@@ -41,17 +71,63 @@ def atomic_json_save(obj: Any, path: str | Path) -> None:
     atomic_write_bytes(path, json.dumps(obj, indent=2, sort_keys=True).encode())
 
 
-def torch_load(path: str | Path) -> Any:
-    """Load a checkpoint written by this project (tensors, numpy arrays, plain python values)."""
-    return torch.load(Path(path), map_location="cpu", weights_only=False)
+def torch_load(path: str | Path, *, mmap: bool = False) -> Any:
+    """Load a file written by this project: tensors and plain python values only.
+
+    Anything else (a pickled object, a file of an older version holding numpy arrays) is refused
+    with :class:`UnsafeCheckpointError` naming the file; nothing in the file is executed.
+    """
+    path = Path(path)
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+    except pickle.UnpicklingError as e:
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        for line in str(e).splitlines():  # torch names the refused global on one of its lines
+            if "GLOBAL" in line or "Unsupported" in line:
+                reason = line.strip()
+                break
+        raise UnsafeCheckpointError(
+            f"{path}: refused to load: it holds more than tensors and plain values ({reason}). Loading it "
+            "could run code. Files written by this version never do; if it is an older file of this project "
+            "that you trust, convert it once with `python -m common.checkpoint --convert-trusted "
+            f"{path}`, otherwise delete it"
+        ) from None
+
+
+def convert_trusted(path: str | Path) -> None:
+    """Rewrite an older (pickle-with-numpy) file of this project in the safe format, in place.
+
+    This one function reads with ``weights_only=False``: only on the operator's explicit request,
+    for a file the operator trusts.
+    """
+    obj = torch.load(Path(path), map_location="cpu", weights_only=False)
+    if isinstance(obj, dict) and obj.get("format") == 1:
+        obj["format"] = 2  # server/resume.py: the same keys, stored as tensors and plain values
+    atomic_torch_save(obj, path)
 
 
 def save_global_checkpoint(path: str | Path, *, keys: list[str], arrays: list, server_round: int,
                            manifest_hash: str, config: dict, extra: dict | None = None) -> None:
-    """The global model as named tensors (``state_dict_embedding``) + what produced it."""
+    """The global model as named tensors (``state_dict_shared``) + what produced it."""
     state = {k: torch.from_numpy(a.copy()) for k, a in zip(keys, arrays)}
     atomic_torch_save(
         {"state_dict_shared": state, "round": server_round, "manifest_hash": manifest_hash,
          "config": config, **(extra or {})},
         path,
     )
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if len(args) < 2 or args[0] != "--convert-trusted":
+        print("usage: python -m common.checkpoint --convert-trusted FILE [FILE ...]\n"
+              "rewrites older checkpoints YOU TRUST (reading them runs their pickle) in the safe format")
+        return 2
+    for p in args[1:]:
+        convert_trusted(p)
+        print(f"converted {p}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from common.checkpoint import atomic_json_save, atomic_write_bytes, torch_load
+from common.checkpoint import UnsafeCheckpointError, atomic_json_save, atomic_write_bytes, torch_load
 from common.config import ExperimentConfig
 from common.evaluation.targets import load_target
 from common.models.builder import model_for
@@ -73,7 +73,10 @@ def load_embedding(path: str | Path, device: torch.device):
     path = Path(path)
     if not path.is_file():
         raise SystemExit(f"fedeval: checkpoint not found: {path}")
-    ckpt = torch_load(path)
+    try:
+        ckpt = torch_load(path)
+    except UnsafeCheckpointError as e:
+        raise SystemExit(f"fedeval: {e}") from None
     if "state_dict_shared" not in ckpt or "config" not in ckpt:
         raise SystemExit(f"fedeval: {path} is not a fedserver global checkpoint (no state_dict_shared/config)")
     cfg = ExperimentConfig.from_dict(ckpt["config"])

@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 from client.fedfr_state import load_fedfr_state
-from common.checkpoint import atomic_json_save, atomic_write_bytes, torch_load
+from common.checkpoint import UnsafeCheckpointError, atomic_json_save, atomic_write_bytes, torch_load
 from common.config import ExperimentConfig
 from common.datasets.face_folder import FaceSite
 from common.datasets.ijbc import LANDMARKS_FILE
@@ -289,7 +289,11 @@ def main(argv: list[str] | None = None) -> None:
         cfg = run_config(args)
     except Exception as e:  # noqa: BLE001 - hydra and validation errors: one clear line
         raise SystemExit(f"fedeval: bad configuration: {e}") from None
-    sys.exit(fedfr_eval_main(cfg))
+    try:
+        code = fedfr_eval_main(cfg)
+    except UnsafeCheckpointError as e:  # a crafted or older pretrained.pt / global_final.pt / site state
+        raise SystemExit(f"fedeval: {e}") from None
+    sys.exit(code)
 
 
 if __name__ == "__main__":

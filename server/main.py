@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from common import processes
+from common.checkpoint import UnsafeCheckpointError
 from common.compose import compose_experiment, conf_dir
 from common.config import ExperimentConfig
 from server import admin
@@ -269,6 +270,8 @@ def main(argv: list[str] | None = None) -> None:
             cfg = resume_config(resume[0].partition("=")[2], [a for a in args if a not in resume])
         else:
             cfg = compose_experiment(args)
+    except UnsafeCheckpointError as e:  # resume=RUN_DIR with a crafted or older checkpoint
+        raise SystemExit(f"fedserver: {e}") from None
     except Exception as e:  # noqa: BLE001 -- hydra and validation errors: one clear line, no traceback
         raise SystemExit(f"fedserver: bad configuration: {e}") from None
     if show:

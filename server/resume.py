@@ -48,7 +48,9 @@ from common.checkpoint import save_global_checkpoint, torch_load
 from common.config import ExperimentConfig
 
 CHECKPOINT = "global_latest.pt"
-FORMAT = 1  # version of the checkpoint's keys
+# version of the checkpoint's keys: 2 = tensors and plain values only (weights-only load, RNG states
+# as tensors, the run's noise secret); a format-1 file is refused by common.checkpoint.torch_load
+FORMAT = 2
 
 # keys that may be changed on resume: where and how the processes run, not what they compute
 RESUMABLE_OVERRIDES = ("superlink.", "wait_for_sites_s", "round_timeout_s", "eval.device", "eval.batch_size",
@@ -75,10 +77,14 @@ def capture_rng() -> dict[str, Any]:
 
 
 def restore_rng(state: dict[str, Any]) -> None:
+    """Set the RNG states of :func:`capture_rng`, also as read back from a checkpoint (where the
+    python state's tuples may be lists and numpy's key array is a tensor)."""
     if not state:
         return
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    name, key, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((name, np.asarray(key, dtype=np.uint32), int(pos), int(has_gauss), float(cached)))
     torch.set_rng_state(state["torch"])
 
 
@@ -130,6 +136,8 @@ def resume_config(run_dir: str | Path, overrides: list[str] | None = None) -> Ex
                          "resume: run the pre-training again")
     ck = run_dir / CHECKPOINT
     cfg.resume_from = str(ck) if ck.is_file() else ""
+    if cfg.resume_from:
+        load_server_checkpoint(ck)  # refuse an unsafe or older file here, before any process starts
     return cfg
 
 

@@ -21,6 +21,7 @@ from typing import Self
 import torch
 
 from common import processes
+from common.checkpoint import torch_load
 from common.datasets.synthetic import write_market_layout
 from tests.procutil import kill_all, processes_mentioning
 
@@ -73,25 +74,23 @@ class Federation:
     def checkpoint_round(self) -> int:
         """Round of the server checkpoint (-1 when none)."""
         try:
-            return int(torch.load(self.run_dir / "global_latest.pt", map_location="cpu", mmap=True,
-                                  weights_only=False)["round"])
+            return int(torch_load(self.run_dir / "global_latest.pt", mmap=True)["round"])
         except (OSError, RuntimeError, KeyError, EOFError):
             return -1
 
     def site_round(self, site: str) -> int:
         """last_round of the site's current state file (-1 when none)."""
         try:
-            return int(torch.load(self.state_dir(site) / "site_state.pt", map_location="cpu", mmap=True,
-                                  weights_only=False)["last_round"])
+            return int(torch_load(self.state_dir(site) / "site_state.pt", mmap=True)["last_round"])
         except (OSError, RuntimeError, KeyError, EOFError):
             return -1
 
     def site_state(self, site: str, name: str = "site_state.pt") -> dict | None:
         path = self.state_dir(site) / name
-        return torch.load(path, map_location="cpu", weights_only=False) if path.is_file() else None
+        return torch_load(path) if path.is_file() else None
 
     def final_arrays(self) -> dict[str, torch.Tensor]:
-        return torch.load(self.run_dir / "global_final.pt", weights_only=False)["state_dict_shared"]
+        return torch_load(self.run_dir / "global_final.pt")["state_dict_shared"]
 
     # ---- processes ----
     def start_server(self, *, resume: bool = False) -> subprocess.Popen:

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from common.checkpoint import torch_load
 from tests.procutil import processes_mentioning, run_to_end
 
 REPO = Path(__file__).resolve().parents[1]
@@ -29,7 +30,7 @@ def test_two_sites_two_rounds(tmp_path):
         assert set(r["sites"]) == {"market1501", "dukemtmc"}
         assert 0.0 <= r["mean/mAP"] <= 1.0 and 0.0 <= r["synth_a/R1"] <= 1.0
     assert json.loads((out / "status.json").read_text())["status"] == "completed"
-    final = torch.load(out / "global_final.pt", weights_only=False)
+    final = torch_load(out / "global_final.pt")
     assert final["round"] == 2 and all(torch.isfinite(v).all() for v in final["state_dict_shared"].values())
     assert not any(k.startswith("head.") for k in final["state_dict_shared"])
     assert (out / "curves.png").stat().st_size > 1000

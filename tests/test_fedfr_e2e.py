@@ -6,8 +6,8 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 
+from common.checkpoint import torch_load
 from tests.procutil import processes_mentioning, run_to_end
 
 REPO = Path(__file__).resolve().parents[1]
@@ -29,7 +29,7 @@ def test_fedfr_two_sites_one_round(tmp_path):
            "round_timeout_s=180"]
     code, output = run_to_end(cmd, cwd=REPO, marker=str(tmp_path), timeout_s=540)
     assert code == 0, output[-4000:]
-    pre = torch.load(out / "pretrained.pt", weights_only=False)
+    pre = torch_load(out / "pretrained.pt")
     assert pre["public_proxies"].shape == (6, 16) and len(pre["public_identities"]) == 6
     rows = json.loads((out / "metrics.json").read_text())
     assert [r["round"] for r in rows] == [0, 1]
@@ -39,7 +39,7 @@ def test_fedfr_two_sites_one_round(tmp_path):
         assert r["sites"][site]["own_images"] == 12  # 3 identities x 4 train images, no hard negative counted
         assert (out / "state" / site / "fedfr_state.pt").is_file()
     assert 0.0 <= r["ijbc/R1"] <= 1.0
-    final = torch.load(out / "global_final.pt", weights_only=False)["state_dict_shared"]
+    final = torch_load(out / "global_final.pt")["state_dict_shared"]
     # the global model is exactly [Theta_g, Phi_g]: nothing of W_l, Pi, Omega or b
     assert set(final) == {f"backbone.{k}" for k in pre["state_dict_backbone"]} | {"public_proxies"}
     assert json.loads((out / "status.json").read_text())["status"] == "completed"

@@ -12,7 +12,7 @@ import torch
 
 import common.checkpoint as ckpt_mod
 from client.state import PREV_FILE, STATE_FILE, SiteState, load_state, save_state
-from common.checkpoint import save_global_checkpoint
+from common.checkpoint import save_global_checkpoint, torch_load
 from server.aggregate import average
 from server.resume import (
     CHECKPOINT,
@@ -160,7 +160,7 @@ def test_a_run_stopped_after_its_last_checkpoint_only_needs_its_final_outputs(tm
     (tmp_path / "config.json").write_text(json.dumps(cfg.to_dict()))
     save_server_checkpoint(tmp_path / CHECKPOINT, _checkpoint(2, 3.0))
     assert announce_resume(resume_config(tmp_path)) is True  # nothing left to run: no process started
-    final = torch.load(tmp_path / "global_final.pt", weights_only=False)
+    final = torch_load(tmp_path / "global_final.pt")
     assert final["round"] == 2
     for k, a in zip(MAN.keys, arrays(3.0)):
         np.testing.assert_array_equal(final["state_dict_shared"][k].numpy(), a)
@@ -189,7 +189,7 @@ def test_site_keeps_the_state_it_started_the_round_from(tmp_path):
     save_state(tmp_path, _state(2))  # the re-run of round 2 replaces the lost one, round 1 stays
     assert _load(tmp_path, 2) == 1 and _load(tmp_path, 3) == 2
     save_state(tmp_path, _state(3))
-    assert torch.load(tmp_path / PREV_FILE, weights_only=False)["last_round"] == 2
+    assert torch_load(tmp_path / PREV_FILE)["last_round"] == 2
     assert _load(tmp_path, 1) is None  # nothing before round 1: a fresh start
 
 
