@@ -15,13 +15,13 @@ from flwr.client import ClientApp
 from flwr.common import Context
 
 from client.virtual_site import is_virtual, virtual_node_config
-from common.config import ExperimentConfig
 from common.logs import setup_logging
+from common.run_config import RUN_CONFIG_KEY, site_config
 
 
 def client_fn(context: Context):
     setup_logging("fedclient")
-    experiment = str(context.run_config.get("experiment-json", "{}"))
+    experiment = str(context.run_config.get(RUN_CONFIG_KEY, "{}"))  # the site view (common/run_config.py)
     node = dict(context.node_config)
     if node.get("site-socket"):
         from client.forward import ForwardingClient  # numpy only: no torch in this process
@@ -29,7 +29,7 @@ def client_fn(context: Context):
         return ForwardingClient(str(node["site-socket"]), experiment, site=str(node.get("site", ""))).to_client()
     from client.build import build_site
 
-    cfg = ExperimentConfig.from_json(experiment)
+    cfg = site_config(context.run_config)  # the experiment's site view (common/run_config.py)
     if is_virtual(node):  # simulation engine: partition id -> that virtual site's settings
         node = virtual_node_config(cfg, node)
     return build_site(cfg, node).to_client()

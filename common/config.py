@@ -2,7 +2,8 @@
 
 Hydra composes ``conf/config.yaml`` with the chosen groups and command-line overrides into a
 plain dict; ``ExperimentConfig.from_dict`` turns it into these dataclasses and checks every
-value. The dict (not the objects) is what travels to the ServerApp and the sites as run config.
+value. The dict (not the objects) travels: the sites get ``site_view()`` as Flower's run config,
+the ServerApp reads the whole dict from a file on the coordinator (``common/run_config.py``).
 """
 
 from __future__ import annotations
@@ -155,6 +156,10 @@ class SuperLinkConfig:
     startup_timeout_s: float = 60.0
 
 
+# keys of ExperimentConfig that stay on the coordinator (ExperimentConfig.site_view)
+SITE_HIDDEN = ("superlink", "run_dir", "app_dir", "resume_from", "eval.targets", "fedfr.pretrained", "fedfr.ijbc_root")
+
+
 @dataclass
 class ExperimentConfig:
     task: str = "fedreid"
@@ -191,6 +196,22 @@ class ExperimentConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    def site_view(self) -> dict[str, Any]:
+        """What the sites receive (Flower's run config): the experiment without the coordinator's
+        own settings. No ``superlink.*`` (addresses, TLS key and certificate paths, the key registry),
+        no coordinator paths (``run_dir``, ``app_dir``, ``resume_from``, ``eval.targets``,
+        ``fedfr.pretrained``, ``fedfr.ijbc_root``); ``from_dict`` fills them with defaults. The
+        noise secret is never part of any config (``server/app.py`` keeps it in the checkpoint).
+        """
+        d = self.to_dict()
+        for key in SITE_HIDDEN:
+            *parents, last = key.split(".")
+            node = d
+            for p in parents:
+                node = node[p]
+            node.pop(last, None)
+        return d
 
     @property
     def sites_per_round(self) -> int:

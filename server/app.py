@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import secrets
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -20,6 +21,7 @@ from common.models.builder import expected_manifest, initial_model, model_for
 from common.models.pretrained import describe_init
 from common.modes import mode_of
 from common.params import Manifest, get_shared, set_shared
+from common.run_config import serverapp_config
 from common.seeding import seed_everything
 from server.evaluate import ReIDEvaluator, evaluate_arrays
 from server.fedavg_strategy import FedAvgStrategy
@@ -131,8 +133,8 @@ def build_scorer(cfg: ExperimentConfig, manifest: Manifest, run_dir: Path):
     return lambda arrays: evaluate_arrays(evaluator, model, lambda m, a: set_shared(m, manifest, a), arrays)
 
 
-def strategy_settings(cfg: ExperimentConfig) -> dict:
-    """The strategy's constructor arguments that come straight from the config (both tasks)."""
+def strategy_settings(cfg: ExperimentConfig, ck: ServerCheckpoint | None) -> dict:
+    """The strategy's constructor arguments from the config (both tasks), and the run's noise secret."""
     st = cfg.strategy
     site_nodes = None
     if cfg.superlink.node_auth:  # names come from the key registration (fedserver writes the table)
@@ -143,7 +145,17 @@ def strategy_settings(cfg: ExperimentConfig) -> dict:
             "aggregation": st.aggregation, "trim_fraction": st.trim_fraction, "norm_bound": st.norm_bound,
             "norm_action": st.norm_action, "weight_cap": st.weight_cap, "site_images": dict(st.site_images),
             "site_nodes": site_nodes, "beta": cfg.privacy.beta, "client_noise": cfg.privacy.client_noise,
-            "seed": cfg.seed, "wait_for_sites_s": cfg.wait_for_sites_s}
+            "seed": cfg.seed, "wait_for_sites_s": cfg.wait_for_sites_s,
+            "noise_secret": run_noise_secret(ck)}
+
+
+def run_noise_secret(ck: ServerCheckpoint | None) -> str:
+    """The key of the run's privacy noise (Eq. 14-15): drawn with ``secrets`` when a run starts, read
+    back from the checkpoint on resume (so the resumed run draws the same noise). It never enters
+    the config, the run config or any message: a site that knows the seed cannot regenerate the noise."""
+    if ck is not None and ck.strategy.get("noise_secret"):
+        return str(ck.strategy["noise_secret"])
+    return secrets.token_hex(32)
 
 
 def resume_checkpoint(cfg: ExperimentConfig, manifest: Manifest) -> ServerCheckpoint | None:
@@ -162,7 +174,7 @@ def resume_checkpoint(cfg: ExperimentConfig, manifest: Manifest) -> ServerCheckp
 
 def server_fn(context: Context) -> ServerAppComponents:
     setup_logging("fedserver")
-    cfg = ExperimentConfig.from_json(str(context.run_config.get("experiment-json", "{}")))
+    cfg = serverapp_config(context.run_config)  # the whole experiment; the run config is the sites' view
     if cfg.train.threads > 0:  # the coordinator's evaluation: the same numbers whatever the machine's core count
         torch.set_num_threads(cfg.train.threads)
     if cfg.task == "fedfr":  # FedFR (seed 001): FedFRStrategy, a FedReIDStrategy subclass
@@ -189,7 +201,7 @@ def server_fn(context: Context) -> ServerAppComponents:
     strategy = (FedAvgStrategy if mode.common_head else FedReIDStrategy)(
         manifest=manifest,
         initial_arrays=initial,
-        **strategy_settings(cfg),
+        **strategy_settings(cfg, ck),
         weighted=False,  # Eq. (8): a plain mean over the selected sites
         keep_site_models=mode.own_embedding,
         on_round_end=reporter,

@@ -47,7 +47,7 @@ def build_fedfr_components(cfg: ExperimentConfig) -> ServerAppComponents:
     strategy = FedFRStrategy(
         manifest=manifest,
         initial_arrays=initial,
-        **strategy_settings(cfg),
+        **strategy_settings(cfg, ck),
         fit_config={"public_hash": ckpt["public_hash"]},  # sites check they mine the same public identities
         on_round_end=reporter,
         round_offset=ck.round if ck else 0,

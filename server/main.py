@@ -19,6 +19,8 @@ from common import processes
 from common.checkpoint import UnsafeCheckpointError
 from common.compose import compose_experiment, conf_dir
 from common.config import ExperimentConfig
+from common.run_config import ENV as SERVERAPP_ENV
+from common.run_config import site_run_config, write_serverapp_config
 from server import admin
 from server.sites import SITE_NODES, write_site_nodes
 
@@ -128,11 +130,15 @@ def write_cli_config(flwr_home: Path, cfg: ExperimentConfig) -> str:
 
 
 def run_config_file(run_dir: Path, cfg: ExperimentConfig) -> Path:
-    """The run config overrides as a TOML file: the whole experiment as one JSON string."""
+    """The run config overrides as a TOML file: the experiment's SITE VIEW as one JSON string.
+
+    Flower hands the run config to every site, so it holds no coordinator setting; the ServerApp
+    reads the whole experiment from ``RUN_DIR/serverapp_config.json`` (common/run_config.py).
+    """
     import tomli_w
 
     path = run_dir / "run_config.toml"
-    path.write_text(tomli_w.dumps({"experiment-json": json.dumps(cfg.to_dict())}))
+    path.write_text(tomli_w.dumps(site_run_config(cfg)))
     return path
 
 
@@ -202,7 +208,10 @@ def run(cfg: ExperimentConfig, *, resume: bool = False) -> int:
             return 0
     home = run_dir / "flwr_home"
     db_args = ["--database", str(db)] if cfg.superlink.persist_state else []  # default: in memory
-    superlink = processes.start(engine.superlink_cmd(cfg) + db_args, engine.superlink_env(cfg, home / "superlink"),
+    # the ServerApp (a child of the SuperLink, on either engine) reads the whole experiment from this file
+    superlink_env = {**engine.superlink_env(cfg, home / "superlink"),
+                     SERVERAPP_ENV: str(write_serverapp_config(run_dir.resolve(), cfg))}
+    superlink = processes.start(engine.superlink_cmd(cfg) + db_args, superlink_env,
                                 log_path=run_dir / "superlink.log")
     submit = None
     try:

@@ -17,7 +17,7 @@ to an uninterrupted run when (1) ``strategy.fraction`` is 1 and client noise is 
 0 or ``privacy.client_noise=false``): sampling and the per-site noise draws are assigned in the order
 of Flower node ids, which are new after a restart; (2) the sites train deterministically (CPU, same
 ``train.threads``); (3) each site still holds its state before round k+1 (``client/state.py`` keeps
-the previous state file for that case). Server noise (Eq. 14) is keyed by (seed, round): exact.
+the previous state file for that case). Server noise (Eq. 14) is keyed by (the run's noise secret, kept in the checkpoint, round): exact.
 
 How the sites rejoin. The SuperLink's state (registered nodes) is in memory by default: the
 resumed SuperLink does not know the sites' node ids, answers their SuperNodes 401, and they exit

@@ -33,6 +33,7 @@ model copies whatever the number of sites (``benchmarks/server_memory.py``).
 from __future__ import annotations
 
 import logging
+import secrets
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -46,7 +47,7 @@ from flwr.server.strategy import FedAvg
 from common.config import SAMPLINGS
 from common.params import Manifest, check_arrays
 from common.privacy import add_white_noise
-from common.seeding import stable_seed
+from common.seeding import secret_rng, stable_seed
 from server.aggregate import (
     AGGREGATIONS,
     NORM_ACTIONS,
@@ -122,6 +123,7 @@ class FedReIDStrategy(FedAvg):
         site_nodes: Callable[[], dict[int, str] | None] | None = None,
         keep_site_models: bool = False,
         seed: int = 0,
+        noise_secret: str = "",
         wait_for_sites_s: float = 600.0,
         fit_config: dict[str, Scalar] | None = None,
         on_round_end: RoundEndFn | None = None,
@@ -157,6 +159,11 @@ class FedReIDStrategy(FedAvg):
         self.frozen_counts: dict[str, float] = {}  # without a registry: each site's first count, kept
         self.keep_site_models = keep_site_models
         self.seed = seed
+        # Eq. (14)-(15) noise is drawn from generators keyed by this per-run secret, never by the
+        # seed: every site knows the seed (it is in the config they receive) and could regenerate
+        # and subtract the noise. The ServerApp passes the run's secret (kept in the checkpoint for
+        # an exact resume); without one, the strategy draws its own.
+        self.noise_secret = noise_secret or secrets.token_hex(32)
         self.wait_for_sites_s = wait_for_sites_s
         self.fit_config = dict(fit_config or {})
         self.on_round_end = on_round_end
@@ -176,22 +183,29 @@ class FedReIDStrategy(FedAvg):
     def checkpoint_state(self) -> dict:
         """What the strategy needs, besides the global parameters, to continue a run exactly.
 
-        Sampling and noise draw from generators keyed by (seed, round, purpose): no generator
-        state to keep. ``local`` mode keeps each site's last embedding for the evaluation; FedFR
-        keeps each site's frozen image count.
+        Sampling draws from generators keyed by (seed, round), noise from generators keyed by
+        (noise secret, round): no generator state to keep, but the secret itself (it exists only
+        here and in the coordinator's checkpoint, never in a config or a message). ``local`` mode
+        keeps each site's last embedding for the evaluation; FedFR keeps each site's frozen image count.
         """
-        return {"seed": self.seed, "site_models": {s: [a.copy() for a in arrs] for s, arrs in self.site_models.items()},
+        return {"seed": self.seed, "noise_secret": self.noise_secret, "site_models": {s: [a.copy() for a in arrs] for s, arrs in self.site_models.items()},
                 "site_counts": dict(self.frozen_counts)}
 
     def restore_state(self, state: dict) -> None:
         if int(state["seed"]) != self.seed:
             raise ValueError(f"checkpoint was written with seed {state['seed']}, this run has seed {self.seed}")
+        if state.get("noise_secret"):
+            self.noise_secret = str(state["noise_secret"])  # the same noise as the run before the stop
         self.site_models = {s: [np.asarray(a) for a in arrs] for s, arrs in state.get("site_models", {}).items()}
         self.frozen_counts = {str(s): float(n) for s, n in state.get("site_counts", {}).items()}
 
     def _rng(self, server_round: int, purpose: str) -> np.random.Generator:
-        # one generator per (round, purpose): sampling and noise are reproducible, also after a resume
+        # one generator per (round, purpose): sampling is reproducible, also after a resume
         return np.random.default_rng(stable_seed(self.seed, server_round, purpose))
+
+    def _noise_rng(self, server_round: int, purpose: str) -> np.random.Generator:
+        # the noise of a round: keyed by the run's secret, reproducible only with the checkpoint
+        return secret_rng(self.noise_secret, server_round, purpose)
 
     # ---- sending ----
 
@@ -231,7 +245,7 @@ class FedReIDStrategy(FedAvg):
         config = {**self.fit_config, "server_round": server_round, "manifest_hash": self.manifest.hash}
         beta = self.beta if self.client_noise else 0.0
         arrays = decode_arrays(self.manifest, parameters, "global parameters", check_finite=False) if beta > 0 else None
-        noise_rng = self._rng(server_round, "client-noise")
+        noise_rng = self._noise_rng(server_round, "client-noise")
         out = []
         for site in asked:
             if arrays is not None:  # Eq. (15): an independent draw per site, on the learnable parameters
@@ -355,7 +369,7 @@ class FedReIDStrategy(FedAvg):
         # Eq. (14): on the learnable parameters; BatchNorm running statistics stay the plain average.
         # Array by array (the same draws as one call over the list): no second copy of the model.
         if self.beta > 0:
-            rng = self._rng(server_round, "server-noise")
+            rng = self._noise_rng(server_round, "server-noise")
             for i, keep in enumerate(self.manifest.noise_mask):
                 aggregate[i] = add_white_noise([aggregate[i]], self.beta, rng, [keep])[0]
         rec.aggregated = True

@@ -256,7 +256,7 @@ def test_features_cosine_equals_distmat_path():
 @pytest.mark.parametrize("threshold", [1, 3, 10**9])
 def test_sort_and_comparison_paths_agree_with_the_reference_at_any_crossover(monkeypatch, threshold):
     """Every query by sorting (1), the default crossover (3), every query by comparison passes."""
-    import common.evaluation.reid as reid
+    from common.evaluation import reid
 
     monkeypatch.setattr(reid, "_SORT_MIN_MATCHES", threshold)
     rng = np.random.default_rng(threshold % 97)

@@ -51,8 +51,8 @@ def test_round_offset_reaches_fit_config_records_and_reports():
 
 def test_sampling_and_noise_of_a_round_do_not_depend_on_the_offset():
     # round 7 of an uninterrupted run == Flower round 2 of a run resumed after round 5
-    a = strategy(fraction=0.5, beta=0.1, seed=3).configure_fit(7, packed(arrays(1.0)), manager(4))
-    b = strategy(fraction=0.5, beta=0.1, seed=3, round_offset=5).configure_fit(
+    a = strategy(fraction=0.5, beta=0.1, seed=3, noise_secret="k").configure_fit(7, packed(arrays(1.0)), manager(4))
+    b = strategy(fraction=0.5, beta=0.1, seed=3, noise_secret="k", round_offset=5).configure_fit(
         2, packed(arrays(1.0)), manager(4))
     assert [p.cid for p, _ in a] == [p.cid for p, _ in b]
     for (_, fa), (_, fb) in zip(a, b):

@@ -1,0 +1,165 @@
+"""Noise no site can undo: the privacy noise is keyed by a per-run secret that no site receives.
+
+A site receives the site view of the config (seed and beta included) and its FitIns (parameters
+plus config). Before, the noise generators were seeded from (seed, round, purpose), so a site
+regenerated every draw and subtracted it. Here the "attack" is run with everything a site
+receives and must fail, while a resume from the checkpoint reproduces the noise exactly.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+
+import numpy as np
+import pytest
+from flwr.common import ndarrays_to_parameters, parameters_to_ndarrays
+
+from common.config import ExperimentConfig
+from common.run_config import ENV, serverapp_config, site_config, site_run_config, write_serverapp_config
+from common.seeding import stable_seed
+from server.app import RoundReporter, run_noise_secret, strategy_settings
+from server.resume import CHECKPOINT, load_server_checkpoint
+from server.strategy import FedReIDStrategy, RoundRecord
+from tests.conftest import tiny_config
+from tests.federation import Federation
+from tests.test_strategy import MAN, FakeProxy, arrays, manager, res
+
+BETA = 0.1
+
+
+def coordinator_config(tmp_path) -> ExperimentConfig:
+    return tiny_config(seed=7, run_dir=str(tmp_path / "run"), rounds=2, privacy={"beta": BETA},
+                       superlink={"address": "10.0.0.5:9092", "ca_cert": "/etc/fed/ca.crt", "cert": "/etc/fed/s.pem",
+                                  "key": "/etc/fed/s.key", "node_auth": True, "site_keys": "/etc/fed/keys"},
+                       eval={"targets": {"viper": {"reader": "viper", "root": "/srv/eval/viper"}}})
+
+
+def build(cfg: ExperimentConfig, ck=None) -> FedReIDStrategy:
+    s = FedReIDStrategy(manifest=MAN, initial_arrays=arrays(0.0), **{**strategy_settings(cfg, ck), "wait_for_sites_s": 1})
+    if ck is not None:
+        s.restore_state(ck.strategy)
+    return s
+
+
+def what_a_site_receives(cfg: ExperimentConfig, strategy: FedReIDStrategy, rnd: int):
+    ins = strategy.configure_fit(rnd, ndarrays_to_parameters(arrays(1.0)), manager(2))
+    return site_config(site_run_config(cfg)), ins
+
+
+def test_a_site_cannot_regenerate_the_noise_from_what_it_receives(tmp_path):
+    cfg = coordinator_config(tmp_path)
+    strategy = build(cfg)
+    seen, ins = what_a_site_receives(cfg, strategy, rnd=1)
+    assert seen.seed == 7 and seen.privacy.beta == BETA  # the site knows the seed and beta
+    received = [parameters_to_ndarrays(fit.parameters) for _, fit in ins]
+    # the attack that worked before: regenerate the draws from the seed and subtract them
+    rng = np.random.default_rng(stable_seed(seen.seed, 1, "client-noise"))
+    for got in received:
+        guess = [a - seen.privacy.beta * rng.standard_normal(a.shape) for a in got]
+        err = np.concatenate([(g - t).ravel() for g, t in zip(guess, arrays(1.0))])
+        assert np.abs(err).max() > 1e-3  # exact recovery would give ~1e-8 (float32 rounding)
+    # the secret is in nothing a site receives
+    secret = strategy.noise_secret
+    assert len(secret) == 64 and int(secret, 16) >= 0
+    carried = json.dumps(site_run_config(cfg)) + json.dumps([fit.config for _, fit in ins])
+    assert secret not in carried and secret not in json.dumps(cfg.to_dict())
+    # a fresh run draws a fresh secret: two runs with the same seed do not share their noise
+    assert build(cfg).noise_secret != secret
+
+
+def test_resume_from_the_checkpoint_reproduces_the_noise_exactly(tmp_path):
+    cfg = coordinator_config(tmp_path)
+    first = build(cfg)
+    reporter = RoundReporter(cfg, None, list(MAN.keys), MAN.hash)
+    reporter.strategy_state = first.checkpoint_state
+    reporter(1, arrays(0.5), None, RoundRecord(1))  # the checkpoint after round 1
+    ck = load_server_checkpoint(cfg.resolved_run_dir() / CHECKPOINT)
+    assert run_noise_secret(ck) == first.noise_secret
+    resumed = build(cfg, ck)
+    for rnd in (2, 3):
+        _, a = what_a_site_receives(cfg, first, rnd)
+        _, b = what_a_site_receives(cfg, resumed, rnd)
+        for (_, fa), (_, fb) in zip(a, b):
+            for x, y in zip(parameters_to_ndarrays(fa.parameters), parameters_to_ndarrays(fb.parameters)):
+                assert x.tobytes() == y.tobytes()
+        replies = [(FakeProxy("1"), res("a", arrays(1.0))), (FakeProxy("2"), res("b", arrays(3.0)))]
+        agg_a = parameters_to_ndarrays(first.aggregate_fit(rnd, replies, [])[0])
+        agg_b = parameters_to_ndarrays(resumed.aggregate_fit(rnd, replies, [])[0])
+        assert all(x.tobytes() == y.tobytes() for x, y in zip(agg_a, agg_b))
+        noise = np.concatenate([(x - 2.0).ravel() for x in agg_a])  # Eq. (14) on the mean 2.0
+        assert 0 < np.abs(noise).max() < 10 * BETA
+    # a run started afresh (no checkpoint) draws other noise
+    _, c = what_a_site_receives(cfg, build(cfg), 2)
+    _, a = what_a_site_receives(cfg, first, 2)
+    assert parameters_to_ndarrays(c[0][1].parameters)[0].tobytes() != parameters_to_ndarrays(a[0][1].parameters)[0].tobytes()
+
+
+def test_only_the_coordinator_checkpoint_holds_the_secret(tmp_path):
+    cfg = coordinator_config(tmp_path)
+    cfg.rounds = 1
+    s = build(cfg)
+    reporter = RoundReporter(cfg, None, list(MAN.keys), MAN.hash)
+    reporter.strategy_state = s.checkpoint_state
+    reporter(1, arrays(0.5), None, RoundRecord(1))  # last round: also writes global_final.pt
+    run_dir = cfg.resolved_run_dir()
+    latest = run_dir / CHECKPOINT
+    assert (run_dir / "global_final.pt").is_file()
+    assert s.noise_secret.encode() in latest.read_bytes()
+    assert latest.stat().st_mode & 0o777 == 0o600
+    for f in run_dir.rglob("*"):
+        if f.is_file() and f != latest:
+            assert s.noise_secret.encode() not in f.read_bytes(), f
+
+
+def test_the_site_view_holds_no_coordinator_setting(tmp_path):
+    cfg = coordinator_config(tmp_path)
+    view = cfg.site_view()
+    text = json.dumps(site_run_config(cfg))
+    assert "superlink" not in view and "targets" not in view["eval"]
+    for leak in ("/etc/fed", "10.0.0.5", "/srv/eval", str(tmp_path), "node_auth", "site_keys", "resume_from"):
+        assert leak not in text, leak
+    seen = site_config(site_run_config(cfg))  # what the ClientApp rebuilds: the same experiment
+    assert seen.model == cfg.model and seen.train == cfg.train and seen.sites == cfg.sites
+    assert seen.superlink.ca_cert is None and seen.superlink.site_keys is None
+
+
+def test_the_serverapp_reads_the_whole_config_and_checks_the_run(tmp_path):
+    cfg = coordinator_config(tmp_path)
+    path = write_serverapp_config(tmp_path, cfg)
+    assert path.stat().st_mode & 0o777 == 0o600
+    got = serverapp_config(site_run_config(cfg), {ENV: str(path)})
+    assert got.to_dict() == cfg.to_dict()
+    other = tiny_config(seed=8)
+    with pytest.raises(ValueError, match="not the site view"):
+        serverapp_config(site_run_config(other), {ENV: str(path)})
+    with pytest.raises(RuntimeError, match=ENV):
+        serverapp_config(site_run_config(cfg), {})
+
+
+@pytest.mark.timeout(420)
+def test_what_flower_delivers_to_the_sites_is_the_site_view(tmp_path):
+    # a real federation; the SuperLink keeps its state in superlink.db, whose runs table holds the
+    # run config exactly as every SuperNode gets it (Fleet GetRun)
+    with Federation(tmp_path, ["market1501"], ["rounds=1", "privacy.beta=0.01", "superlink.persist_state=true",
+                                                "round_timeout_s=240"]) as fed:
+        fed.start_server()
+        fed.start_site("market1501")
+        code = fed.wait_server(360)
+        logs = fed.logs()
+    assert code == 0, logs
+    db = sqlite3.connect(fed.run_dir / "superlink.db")
+    try:
+        stored = [json.loads(row[0]) for row in db.execute("SELECT override_config FROM run")]
+    finally:
+        db.close()
+    assert len(stored) == 1
+    full = json.loads((fed.run_dir / "serverapp_config.json").read_text())
+    assert full["superlink"]["address"] == f"127.0.0.1:{fed.port}" and full["run_dir"] == str(fed.run_dir)
+    delivered = json.loads(stored[0]["experiment-json"])
+    assert delivered == ExperimentConfig.from_dict(full).site_view()
+    assert "superlink" not in delivered and str(fed.run_dir) not in stored[0]["experiment-json"]
+    ck = load_server_checkpoint(fed.run_dir / CHECKPOINT)
+    assert len(ck.strategy["noise_secret"]) == 64
+    assert ck.strategy["noise_secret"] not in json.dumps(stored)
+    assert (fed.run_dir / CHECKPOINT).stat().st_mode & 0o777 == 0o600
