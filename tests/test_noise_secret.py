@@ -23,7 +23,7 @@ from server.resume import CHECKPOINT, load_server_checkpoint
 from server.strategy import FedReIDStrategy, RoundRecord
 from tests.conftest import tiny_config
 from tests.federation import Federation
-from tests.test_strategy import MAN, FakeProxy, arrays, manager, res
+from tests.test_strategy import MAN, FakeProxy, arrays, manager, res, sent_arrays
 
 BETA = 0.1
 
@@ -52,11 +52,13 @@ def test_a_site_cannot_regenerate_the_noise_from_what_it_receives(tmp_path):
     strategy = build(cfg)
     seen, ins = what_a_site_receives(cfg, strategy, rnd=1)
     assert seen.seed == 7 and seen.privacy.beta == BETA  # the site knows the seed and beta
-    received = [parameters_to_ndarrays(fit.parameters) for _, fit in ins]
-    # the attack that worked before: regenerate the draws from the seed and subtract them
+    received = [sent_arrays(fit) for _, fit in ins]
+    # the attack that worked before: regenerate the draws from the seed and subtract them (on the
+    # tensors the manifest marks as noised)
     rng = np.random.default_rng(stable_seed(seen.seed, 1, "client-noise"))
     for got in received:
-        guess = [a - seen.privacy.beta * rng.standard_normal(a.shape) for a in got]
+        guess = [a - seen.privacy.beta * rng.standard_normal(a.shape) if noised else a
+                 for a, noised in zip(got, MAN.noise_mask)]
         err = np.concatenate([(g - t).ravel() for g, t in zip(guess, arrays(1.0))])
         assert np.abs(err).max() > 1e-3  # exact recovery would give ~1e-8 (float32 rounding)
     # the secret is in nothing a site receives
@@ -84,7 +86,7 @@ def test_resume_from_the_checkpoint_reproduces_the_noise_exactly(tmp_path):
             for x, y in zip(parameters_to_ndarrays(fa.parameters), parameters_to_ndarrays(fb.parameters)):
                 assert x.tobytes() == y.tobytes()
         replies = [(FakeProxy("1"), res("a", arrays(1.0))), (FakeProxy("2"), res("b", arrays(3.0)))]
-        agg_a = parameters_to_ndarrays(first.aggregate_fit(rnd, replies, [])[0])
+        agg_a = parameters_to_ndarrays(first.aggregate_fit(rnd, replies, [])[0])  # the global model, unpacked
         agg_b = parameters_to_ndarrays(resumed.aggregate_fit(rnd, replies, [])[0])
         assert all(x.tobytes() == y.tobytes() for x, y in zip(agg_a, agg_b))
         noise = np.concatenate([(x - 2.0).ravel() for x in agg_a])  # Eq. (14) on the mean 2.0
@@ -92,7 +94,7 @@ def test_resume_from_the_checkpoint_reproduces_the_noise_exactly(tmp_path):
     # a run started afresh (no checkpoint) draws other noise
     _, c = what_a_site_receives(cfg, build(cfg), 2)
     _, a = what_a_site_receives(cfg, first, 2)
-    assert parameters_to_ndarrays(c[0][1].parameters)[0].tobytes() != parameters_to_ndarrays(a[0][1].parameters)[0].tobytes()
+    assert sent_arrays(c[0][1])[0].tobytes() != sent_arrays(a[0][1])[0].tobytes()
 
 
 def test_only_the_coordinator_checkpoint_holds_the_secret(tmp_path):
