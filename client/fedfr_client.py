@@ -25,6 +25,7 @@ from client.fedfr_state import FedFRSiteState, load_fedfr_state, save_fedfr_stat
 from client.fedfr_train import imprint, round_hard_negatives, round_learning_rate, train_local
 from client.held_state import HeldState
 from client.numpy_client import SiteSettings, resolve_device
+from client.run_end import record_round
 from common.config import ExperimentConfig
 from common.datasets.face_folder import FaceFolder, FaceSite
 from common.datasets.face_images import FaceImages, face_transform
@@ -140,6 +141,7 @@ class FedFRClient(NumPyClient):
             history=(st.history if st else []) + [{"round": rnd, **stats}],
         )
         self._held.keep(new, lambda: save_fedfr_state(self.state_dir, new))
+        record_round(self.state_dir, rnd, self.cfg.rounds)  # fedclient's exit status (client/run_end.py)
         seconds = time.perf_counter() - t0
         log.info("site %s round %d: %d own images + %d public hard negatives; %s (%.1fs)", self.s.site, rnd,
                  len(self.data.train), hn.size, ", ".join(f"{k}={v:.4f}" for k, v in stats.items()), seconds)

@@ -22,12 +22,16 @@ import time
 from pathlib import Path
 
 from client.channel import socket_path
+from client.run_end import exit_status, read_progress
 from client.site_supervisor import SiteSupervisor, site_process_cmd
 from common import processes
 from common.compose import load_site, site_names
+from common.config import TrainConfig
 from common.datasets import READERS, build_reader
 from common.datasets.base import DatasetLayoutError
 from common.datasets.face_folder import FACE_READERS, build_face_reader
+from common.datasets.verify import site_records, verify_report
+from common.writable import NotWritableError, check_writable
 
 DESCRIPTION = """Run one FedReID site (a Flower SuperNode) and connect it to the coordinator.
 
@@ -63,6 +67,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--site-restarts", type=int, default=5,
                    help="times a site process that died is restarted from its state file before fedclient gives up "
                         "(default %(default)s)")
+    p.add_argument("--batch-size", type=int, default=None,
+                   help="the run's train.batch_size (default: 32, the config's): a Re-ID site with fewer training "
+                        "images than one batch is refused at start")
+    p.add_argument("--verify-images", action="store_true",
+                   help="decode every image of this site, list the ones that fail, and exit (0: all decode, 1: not)")
     # hidden: fault injection for tests and benchmarks only (client/faults.py), e.g. --fault nan
     p.add_argument("--fault", default="", help=argparse.SUPPRESS)
     return p
@@ -127,16 +136,28 @@ def main(argv: list[str] | None = None) -> None:
     a.public_root = str(Path(public_root).expanduser().resolve()) if public_root else ""
     try:  # fail here, with the layout, rather than inside the first round
         if reader in FACE_READERS:  # a FedFR face site (identity folders)
-            summary = build_face_reader(reader, data_root).summary()
+            data = build_face_reader(reader, data_root)
+            summary = data.summary()
         else:
-            summary = build_reader(reader, data_root).splits.summary()
+            data = build_reader(reader, data_root)
+            summary = data.splits.summary()
     except (DatasetLayoutError, ValueError) as e:
         raise SystemExit(f"fedclient: site {a.site}: {e}") from None
     print(f"fedclient: site {a.site}: {summary}", flush=True)
+    if a.verify_images:  # check the data and exit: the operator's step before joining
+        code, report = verify_report(a.site, [r.path for r in site_records(data)])
+        print(report, file=sys.stderr if code else sys.stdout, flush=True)
+        sys.exit(code)
+    if reader not in FACE_READERS:  # FedFR batches mix in public images: any own count trains
+        check_one_batch(a.site, len(data.train), a.batch_size or TrainConfig.batch_size)
+    try:
+        check_writable(state_dir, f"site {a.site}: state folder (--state-dir)")
+        home = check_writable(a.flwr_home or Path(state_dir) / "flwr_home", f"site {a.site}: Flower home (--flwr-home)")
+    except NotWritableError as e:
+        raise SystemExit(f"fedclient: {e}") from None
     if a.insecure:
         print("fedclient: WARNING: --insecure: traffic to the coordinator is NOT encrypted", file=sys.stderr)
-    Path(state_dir).mkdir(parents=True, exist_ok=True)
-    home = Path(a.flwr_home or Path(state_dir) / "flwr_home")
+    started_at = time.time()
     supervisor, sock = None, ""
     if not a.no_site_process:  # the long-lived site process (client/site_process.py) and its channel
         sock = str(socket_path(state_dir))
@@ -163,12 +184,22 @@ def main(argv: list[str] | None = None) -> None:
             sys.exit(1)
         time.sleep(0.5)
     stop_all(2)
-    if code != 0:
-        hint = ("; with node authentication, is this site's public key registered (fedserver register-site)?"
-                if a.auth_key else "")
-        print(f"fedclient: site {a.site}: the SuperNode exited with code {code}; is the coordinator reachable at "
-              f"{a.superlink} (fedserver running, TLS settings matching){hint}", file=sys.stderr)
-    sys.exit(code)
+    # the SuperNode also exits 0 when refused (401) or when the coordinator is gone: only the end of
+    # the run is a success (client/run_end.py)
+    status, message = exit_status(a.site, code, read_progress(state_dir), started_at, superlink=a.superlink,
+                                  auth_key=a.auth_key)
+    print(message, file=sys.stderr if status else sys.stdout, flush=True)
+    sys.exit(status)
+
+
+def check_one_batch(site: str, num_train: int, batch_size: int) -> None:
+    """Local training drops the last incomplete batch: fewer images than one batch never trains."""
+    if batch_size < 1:
+        raise SystemExit(f"fedclient: --batch-size must be >= 1, found {batch_size}")
+    if num_train < batch_size:
+        raise SystemExit(f"fedclient: site {site}: {num_train} training images is fewer than one batch "
+                         f"({batch_size}, the run's train.batch_size; --batch-size): add images or run with a "
+                         "smaller train.batch_size")
 
 
 if __name__ == "__main__":

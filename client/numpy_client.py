@@ -23,6 +23,7 @@ from torch.utils.data import DataLoader
 
 from client.faults import parse_fault
 from client.held_state import HeldState
+from client.run_end import record_round
 from client.state import SiteState, load_state, save_state
 from client.train import make_optimizer, set_round_lr, train_round
 from common.config import ExperimentConfig
@@ -139,6 +140,7 @@ class FedReIDClient(NumPyClient):
             history=(st.history if st else []) + [{"round": server_round, **stats}],
         )
         self._held.keep(new, lambda: save_state(self.state_dir, new))
+        record_round(self.state_dir, server_round, self.cfg.rounds)  # fedclient's exit status (client/run_end.py)
         t_end = time.perf_counter()
         timing = {"startup_seconds": startup, "load_seconds": t_load - t0, "train_seconds": t_train - t_load,
                   "save_seconds": t_end - t_train,

@@ -21,6 +21,7 @@ from common.compose import compose_experiment, conf_dir
 from common.config import ExperimentConfig
 from common.run_config import ENV as SERVERAPP_ENV
 from common.run_config import site_run_config, write_serverapp_config
+from common.writable import NotWritableError, check_writable
 from server import admin
 from server.sites import SITE_NODES, write_site_nodes
 
@@ -286,6 +287,10 @@ def main(argv: list[str] | None = None) -> None:
     if show:
         print(json.dumps(cfg.to_dict(), indent=2))
         return
+    try:  # one line now, rather than a traceback (or an error after the first round)
+        check_writable(cfg.run_dir, "run_dir")
+    except NotWritableError as e:
+        raise SystemExit(f"fedserver: {e}") from None
     sys.exit(run(cfg, resume=bool(resume)))
 
 

@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 from common import processes
-from common.compose import REPO_ROOT
+from common.compose import REPO_ROOT, compose_experiment
 from common.datasets import layouts, synthetic
 from common.datasets.fingerprint import data_fingerprint, is_current, mark_complete
 from common.datasets.layouts import write_layout
@@ -152,6 +152,7 @@ def main(argv: list[str] | None = None) -> None:
     ]
     py = sys.executable
     procs: list = []
+    batch_size = compose_experiment(server_overrides).train.batch_size  # the sites check their data against it
 
     def shutdown(*_):
         for proc in reversed(procs):
@@ -166,7 +167,7 @@ def main(argv: list[str] | None = None) -> None:
             cmd = [py, "-m", "client.main", "--site", site, "--superlink", address, "--insecure",
                    "--data-root", str(roots[site][1]), "--reader", roots[site][0],
                    "--state-dir", str(out / "state" / site), "--port", str(processes.free_port()),
-                   "--max-wait-time", "120"] + (["--no-site-process"] if a.no_site_process else [])
+                   "--max-wait-time", "120", "--batch-size", str(batch_size)] + (["--no-site-process"] if a.no_site_process else [])
             procs.append(processes.start(cmd, processes.tool_env(), log_path=out / f"site_{site}.log",
                                          cwd=REPO_ROOT))
         try:

@@ -92,6 +92,10 @@ class Federation:
     def final_arrays(self) -> dict[str, torch.Tensor]:
         return torch_load(self.run_dir / "global_final.pt")["state_dict_shared"]
 
+    def batch_size(self) -> int:
+        """The run's train.batch_size (the last override wins): fedclient checks its data against it."""
+        return int([o for o in self.overrides if o.startswith("train.batch_size=")][-1].split("=", 1)[1])
+
     # ---- processes ----
     def start_server(self, *, resume: bool = False) -> subprocess.Popen:
         args = [f"resume={self.run_dir}"] if resume else self.overrides
@@ -103,7 +107,7 @@ class Federation:
         cmd = [sys.executable, "-m", "client.main", "--site", site, "--superlink", f"127.0.0.1:{self.port}",
                "--insecure", "--data-root", str(self.data_root(site)), "--reader", "market1501",
                "--state-dir", str(self.state_dir(site)), "--port", str(processes.free_port()),
-               "--max-wait-time", "120"]
+               "--max-wait-time", "120", "--batch-size", str(self.batch_size())]
         if fault:
             cmd += ["--fault", fault]
         self.site_procs[site] = processes.start(cmd, processes.tool_env(), log_path=self.site_log(site), cwd=REPO)

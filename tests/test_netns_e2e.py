@@ -134,7 +134,8 @@ def test_compose_topology_two_rounds_across_network_namespaces(tmp_path):
     server_cmd = host_command(compose, "superlink", volumes)
     assert not any(a.split("=")[0] == t.split("=")[0] for a in server_cmd for t in TINY), "duplicate override"
     server_cmd += TINY
-    site_cmds = {s: host_command(compose, s, volumes) for s in SITES}
+    # TINY's train.batch_size: the sites check at start that they hold at least one batch
+    site_cmds = {s: [*host_command(compose, s, volumes), "--batch-size", "4"] for s in SITES}
     assert all(c[c.index("--superlink") + 1] == "superlink:9092" for c in site_cmds.values())
 
     net = Namespaces(f"fr{os.getpid() % 100000}")

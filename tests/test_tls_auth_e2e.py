@@ -85,7 +85,8 @@ def fedclient_cmd(fed: Federation, site: str, superlink: str, data_root: Path, *
     cmd = [sys.executable, "-m", "client.main", "--site", site, "--superlink", superlink,
            "--root-certificates", str(fed.tls.ca_cert), "--data-root", str(data_root), "--reader", "market1501",
            "--state-dir", str(fed.root / "state" / label), "--flwr-home", str(fed.root / "flwr_home" / label),
-           "--port", str(processes.free_port()), "--max-retries", "3", "--max-wait-time", "60"]
+           "--port", str(processes.free_port()), "--max-retries", "3", "--max-wait-time", "60",
+           "--batch-size", "4"]  # TINY's train.batch_size
     return cmd + (["--auth-key", str(key)] if key else [])
 
 
