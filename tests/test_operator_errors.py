@@ -93,7 +93,7 @@ def test_verify_images_lists_every_corrupt_file(tmp_path, capsys):
                         width=16, seed=4)
     base = next(root.iterdir())
     truncated = sorted((base / "bounding_box_train").glob("*.jpg"))[2]
-    garbage = sorted((base / "query").glob("*.jpg"))[0]
+    garbage = min((base / "query").glob("*.jpg"))
     truncated.write_bytes(truncated.read_bytes()[:120])
     garbage.write_bytes(b"this is not an image")
     with pytest.raises(SystemExit) as e:
