@@ -13,7 +13,6 @@ import sqlite3
 
 import numpy as np
 import pytest
-from flwr.common import ndarrays_to_parameters, parameters_to_ndarrays
 
 from common.config import ExperimentConfig
 from common.run_config import ENV, serverapp_config, site_config, site_run_config, write_serverapp_config
@@ -22,8 +21,9 @@ from server.app import RoundReporter, run_noise_secret, strategy_settings
 from server.resume import CHECKPOINT, load_server_checkpoint
 from server.strategy import FedReIDStrategy, RoundRecord
 from tests.conftest import tiny_config
+from tests.fakes import fit_res, manager_of, named_results, packed, unpacked
 from tests.federation import Federation
-from tests.test_strategy import MAN, FakeProxy, arrays, manager, res, sent_arrays
+from tests.test_strategy import MAN, arrays
 
 BETA = 0.1
 
@@ -36,14 +36,17 @@ def coordinator_config(tmp_path) -> ExperimentConfig:
 
 
 def build(cfg: ExperimentConfig, ck=None) -> FedReIDStrategy:
-    s = FedReIDStrategy(manifest=MAN, initial_arrays=arrays(0.0), **{**strategy_settings(cfg, ck), "wait_for_sites_s": 1})
+    # site names from the nodes' metrics (the key-registration table is another test's subject); no norm
+    # bound: the aggregate is the plain mean (Eq. 8), so the noise on it is visible
+    s = FedReIDStrategy(manifest=MAN, initial_arrays=arrays(0.0),
+                        **{**strategy_settings(cfg, ck), "wait_for_sites_s": 1, "site_nodes": None, "norm_bound": 0})
     if ck is not None:
         s.restore_state(ck.strategy)
     return s
 
 
 def what_a_site_receives(cfg: ExperimentConfig, strategy: FedReIDStrategy, rnd: int):
-    ins = strategy.configure_fit(rnd, ndarrays_to_parameters(arrays(1.0)), manager(2))
+    ins = strategy.configure_fit(rnd, packed(arrays(1.0)), manager_of(cfg.sites))
     return site_config(site_run_config(cfg)), ins
 
 
@@ -52,7 +55,7 @@ def test_a_site_cannot_regenerate_the_noise_from_what_it_receives(tmp_path):
     strategy = build(cfg)
     seen, ins = what_a_site_receives(cfg, strategy, rnd=1)
     assert seen.seed == 7 and seen.privacy.beta == BETA  # the site knows the seed and beta
-    received = [sent_arrays(fit) for _, fit in ins]
+    received = [unpacked(MAN, fit.parameters) for _, fit in ins]
     # the attack that worked before: regenerate the draws from the seed and subtract them (on the
     # tensors the manifest marks as noised)
     rng = np.random.default_rng(stable_seed(seen.seed, 1, "client-noise"))
@@ -83,18 +86,20 @@ def test_resume_from_the_checkpoint_reproduces_the_noise_exactly(tmp_path):
         _, a = what_a_site_receives(cfg, first, rnd)
         _, b = what_a_site_receives(cfg, resumed, rnd)
         for (_, fa), (_, fb) in zip(a, b):
-            for x, y in zip(parameters_to_ndarrays(fa.parameters), parameters_to_ndarrays(fb.parameters)):
+            for x, y in zip(unpacked(MAN, fa.parameters), unpacked(MAN, fb.parameters)):
                 assert x.tobytes() == y.tobytes()
-        replies = [(FakeProxy("1"), res("a", arrays(1.0))), (FakeProxy("2"), res("b", arrays(3.0)))]
-        agg_a = parameters_to_ndarrays(first.aggregate_fit(rnd, replies, [])[0])  # the global model, unpacked
-        agg_b = parameters_to_ndarrays(resumed.aggregate_fit(rnd, replies, [])[0])
+        agg = []
+        for s in (first, resumed):
+            replies = named_results(s, [fit_res(cfg.sites[0], arrays(1.0)), fit_res(cfg.sites[1], arrays(3.0))])
+            agg.append(unpacked(MAN, s.aggregate_fit(rnd, replies, [])[0]))
+        agg_a, agg_b = agg
         assert all(x.tobytes() == y.tobytes() for x, y in zip(agg_a, agg_b))
         noise = np.concatenate([(x - 2.0).ravel() for x in agg_a])  # Eq. (14) on the mean 2.0
         assert 0 < np.abs(noise).max() < 10 * BETA
     # a run started afresh (no checkpoint) draws other noise
     _, c = what_a_site_receives(cfg, build(cfg), 2)
     _, a = what_a_site_receives(cfg, first, 2)
-    assert sent_arrays(c[0][1])[0].tobytes() != sent_arrays(a[0][1])[0].tobytes()
+    assert unpacked(MAN, c[0][1].parameters)[0].tobytes() != unpacked(MAN, a[0][1].parameters)[0].tobytes()
 
 
 def test_only_the_coordinator_checkpoint_holds_the_secret(tmp_path):
