@@ -170,3 +170,16 @@ def test_what_flower_delivers_to_the_sites_is_the_site_view(tmp_path):
     assert len(ck.strategy["noise_secret"]) == 64
     assert ck.strategy["noise_secret"] not in json.dumps(stored)
     assert (fed.run_dir / CHECKPOINT).stat().st_mode & 0o777 == 0o600
+
+
+def test_the_site_view_keeps_what_the_simulation_engines_virtual_sites_need():
+    # engine=simulation: the virtual sites (Ray workers on the coordinator's machine) take their
+    # reader, data root and state folder from the run config (client/virtual_site.py)
+    from client.virtual_site import virtual_node_config
+
+    sites = {"market1501": {"reader": "market1501", "data_root": "/d/m", "state_dir": "/s/m"},
+             "dukemtmc": {"reader": "dukemtmc", "data_root": "/d/d", "state_dir": "/s/d"}}
+    cfg = tiny_config(engine={"name": "simulation", "sites": sites})
+    seen = site_config(site_run_config(cfg))
+    assert virtual_node_config(seen, {"partition-id": 1, "num-partitions": 2}) == {
+        "site": "dukemtmc", "data-root": "/d/d", "reader": "dukemtmc", "state-dir": "/s/d", "device": "cpu"}
