@@ -251,13 +251,12 @@ def test_the_coordinator_encodes_byte_for_byte_as_flower_and_the_sites_read_it()
 
 def test_server_noise_drawn_array_by_array_equals_one_draw_over_the_list():
     from common.privacy import add_white_noise
-    from common.seeding import stable_seed
     from server.aggregate import average
 
     ups = [arrays(1.0, seed=i) for i in range(3)]
     s = strategy(beta=0.05, seed=9, norm_bound=0)
     out, _ = run(s, [fit_res(x, u) for x, u in zip("abc", ups)])
-    rng = np.random.default_rng(stable_seed(9, 1, "server-noise"))
+    rng = s._noise_rng(1, "server-noise")  # a fresh generator of the same key (the run's noise secret)
     expected = add_white_noise(average(ups), 0.05, rng, MAN.noise_mask)  # Eq. (8) then Eq. (14)
     for x, y in zip(out, expected):
         assert x.tobytes() == y.tobytes()

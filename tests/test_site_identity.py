@@ -6,7 +6,7 @@ import logging
 import numpy as np
 import pytest
 
-from client.app import site_settings
+from client.build import site_settings
 from client.main import main as fedclient_main
 from common.compose import load_site
 from server.sites import SiteRoster, load_site_nodes, write_site_nodes
