@@ -36,13 +36,14 @@ MODES = ("floor", "site_process", "no_site_process")
 
 
 def run_mode(mode: str, out: Path, rounds: int, backbone: str, sites: int) -> dict:
-    cmd = [sys.executable, "-m", "server.sim", "--out", str(out), "--train-ids", "4", "--images-per-id", "4",
-           "--target-ids", "3", "--sites", *["market1501", "dukemtmc", "cuhk03", "msmt17"][:sites],
+    # --sites takes every name up to the next option: it comes first, the overrides after an option
+    cmd = [sys.executable, "-m", "server.sim", "--sites", *["market1501", "dukemtmc", "cuhk03", "msmt17"][:sites],
+           "--out", str(out), "--train-ids", "4", "--images-per-id", "4", "--target-ids", "3",
            f"rounds={rounds}", f"model.backbone={backbone}", "model.pretrained=none", "model.height=32",
            "model.width=16", "train.batch_size=4", "train.max_steps_per_epoch=1", "train.local_expert=false",
            "train.threads=1", "eval.every=0", "round_timeout_s=1800"]
     if mode != "site_process":
-        cmd.insert(3, "--no-site-process")
+        cmd.insert(3, "--no-site-process")  # before --sites' names
     if mode == "floor":
         cmd.append(f"app_dir={REPO / 'benchmarks' / 'echo_app'}")
     t0 = time.time()
