@@ -84,19 +84,27 @@ def scripts() -> dict:
     return tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
 
 
-def test_services_are_the_coordinator_and_the_four_configured_sites(compose):
-    assert set(compose["services"]) == {"superlink", *SITES}
+def project_services(compose: dict) -> dict:
+    """The services that run the project's image (all but the proxy)."""
+    return {k: v for k, v in compose["services"].items() if k != "proxy"}
+
+
+def test_services_are_the_coordinator_its_proxy_and_the_four_configured_sites(compose):
+    assert set(compose["services"]) == {"superlink", "proxy", *SITES}
     assert set(SITES) <= set(site_names())  # each site service has its conf/site/<name>.yaml
-    images = {s["image"] for s in compose["services"].values()}
-    assert images == {"fedreid:cpu"}  # one image for every role
-    for s in compose["services"].values():
+    images = {s["image"] for s in project_services(compose).values()}
+    assert images == {"fedreid:latest"}  # one image for every role
+    for s in project_services(compose).values():
         assert s["build"]["dockerfile"] == "docker/Dockerfile"
         assert (DOCKER / s["build"]["context"] / s["build"]["dockerfile"]).resolve() == DOCKER / "Dockerfile"
-        assert s["build"]["args"]["TORCH_VARIANT"] == "cpu"
+        assert s["build"]["args"]["BASE_IMAGE"] == "python:3.11-slim"  # users' default; tests use a local base
+    proxy = compose["services"]["proxy"]
+    assert proxy["build"]["context"] == "proxy" and (DOCKER / "proxy" / "Dockerfile").is_file()
+    assert proxy["network_mode"] == "service:superlink" and "ports" not in proxy and "networks" not in proxy
 
 
 def test_commands_use_real_entry_points(compose, scripts):
-    for name, s in compose["services"].items():
+    for name, s in project_services(compose).items():
         assert s["command"][0] in scripts, f"{name}: {s['command'][0]} is not in [project.scripts]"
     assert scripts["fedserver"] == "server.main:main" and scripts["fedclient"] == "client.main:main"
     health = compose["services"]["superlink"]["healthcheck"]["test"]
@@ -109,7 +117,8 @@ def test_coordinator_command_composes_with_the_real_config(compose, tmp_path):
     cfg = compose_experiment(cmd[1:])  # every key and group exists (Hydra and the typed config)
     assert cfg.sites == SITES
     assert cfg.superlink.node_auth and not cfg.superlink.insecure
-    assert cfg.superlink.address == "0.0.0.0:9092"
+    # the SuperLink listens on loopback only; the published port is the proxy's (same namespace)
+    assert cfg.superlink.address == "127.0.0.1:9091"
     assert s["ports"] == ["9092:9092"]
     # outputs in the runs volume; keys read from files mounted from the secrets
     assert cfg.run_dir.startswith("/runs/") and mounts(s)["/runs"] == ("runs", False)
@@ -128,7 +137,7 @@ def test_coordinator_command_composes_with_the_real_config(compose, tmp_path):
     assert "--enable-supernode-auth" in sl and "--insecure" not in sl
     # the demo experiment (plain text on loopback) cannot switch TLS off through the compose file
     demo = compose_experiment(load_compose(env={"FEDREID_EXPERIMENT": "demo"})["services"]["superlink"]["command"][1:])
-    assert not demo.superlink.insecure and demo.superlink.address == "0.0.0.0:9092" and demo.name == "demo"
+    assert not demo.superlink.insecure and demo.superlink.address == "127.0.0.1:9091" and demo.name == "demo"
 
 
 def test_readiness_check_waits_for_every_registered_key(compose):
@@ -171,13 +180,14 @@ def test_no_two_services_share_data_state_or_keys(compose):
     for name, s in compose["services"].items():
         for secret in s.get("secrets", []):
             users.setdefault(secret, []).append(name)
-    assert users.pop("ca_cert") == ["superlink", *SITES]  # public, everyone
+    assert users.pop("ca_cert") == ["superlink", "proxy", *SITES]  # public, everyone
+    # the coordinator's TLS identity: the SuperLink (loopback TLS) and the proxy (public TLS) only
+    assert users.pop("server_key") == users.pop("server_cert") == ["superlink", "proxy"]
     assert all(len(v) == 1 for v in users.values()), users
-    assert users["server_key"] == ["superlink"]
 
 
-def test_gpu_override_reserves_a_gpu_per_site_and_uses_the_cuda_image():
-    env = {"TORCH_VARIANT": "cuda", "SITE_DEVICE": "cuda"}
+def test_gpu_override_reserves_a_gpu_per_site():
+    env = {"SITE_DEVICE": "cuda"}
     gpu = load_compose("compose.yaml", "compose.gpu.yaml", env=env)
     assert set(yaml.safe_load((DOCKER / "compose.gpu.yaml").read_text())["services"]) == set(SITES)
     ids = []
@@ -186,32 +196,63 @@ def test_gpu_override_reserves_a_gpu_per_site_and_uses_the_cuda_image():
         (dev,) = s["deploy"]["resources"]["reservations"]["devices"]
         assert dev["driver"] == "nvidia" and dev["capabilities"] == ["gpu"]
         ids += dev["device_ids"]
-        assert s["image"] == "fedreid:cuda" and s["build"]["args"]["TORCH_VARIANT"] == "cuda"
+        assert s["image"] == "fedreid:latest"  # torch's PyPI wheels bundle CUDA: one image
         assert fedclient_parser().parse_args(s["command"][1:]).device == "cuda"
     assert sorted(ids) == ["0", "1", "2", "3"]
     assert "deploy" not in gpu["services"]["superlink"]
 
 
-def test_dockerfile_builds_both_variants_from_pyproject_pins(tmp_path):
+def test_dockerfile_installs_from_pyproject_dependencies_before_the_source(tmp_path):
     text = (DOCKER / "Dockerfile").read_text()
-    assert re.search(r"^ARG TORCH_VARIANT=cpu$", text, re.MULTILINE)
-    assert re.search(r"^\s+cpu\)", text, re.MULTILINE) and re.search(r"^\s+cuda\)", text, re.MULTILINE)
-    # run the Dockerfile's own dependency split on our pyproject
-    script = re.search(r"^RUN python <<EOF\n(.*?)^EOF$", text, re.MULTILINE | re.DOTALL).group(1)
+    lines = [ln for ln in text.splitlines() if ln and not ln.startswith("#")]
+    # the base is a build argument (users: the public Python image; tests: a local debootstrap image)
+    assert lines[0] == "ARG BASE_IMAGE=python:3.11-slim" and lines[1] == "FROM ${BASE_IMAGE}"
+    # the classic builder (Debian's docker.io, no Docker Hub): no BuildKit frontend, no heredocs
+    assert "# syntax=" not in text and "<<" not in text
+    # dependencies (from pyproject.toml only) before the source: a source change keeps the big layer
+    order = [text.index(s) for s in ("COPY pyproject.toml ./", "pip install -r /tmp/requirements.txt",
+                                     "COPY . .", "pip install --no-deps -e .", "USER fedreid")]
+    assert order == sorted(order)
+    # run the Dockerfile's own extraction of the dependencies on our pyproject
+    code = re.search(r'python -c "(.*?)"; \\', text, re.DOTALL).group(1).replace("\\\n", "")
     shutil.copy(REPO / "pyproject.toml", tmp_path / "pyproject.toml")
-    out = tmp_path / "tmp"
-    out.mkdir()
-    script = script.replace("/tmp/", f"{out}/")
-    subprocess.run([sys.executable, "-c", script], cwd=tmp_path, check=True, timeout=60)
+    code = code.replace("/tmp/", f"{tmp_path}/")
+    subprocess.run([sys.executable, "-c", code], cwd=tmp_path, check=True, timeout=60)
     deps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
-    torch = (out / "torch.txt").read_text().split()
-    rest = (out / "requirements.txt").read_text().split()
-    assert sorted(torch) == sorted(d for d in deps if re.match(r"torch(vision)?==", d))
-    assert len(torch) == 2 and sorted(torch + rest) == sorted(deps)
-    # the entry points the compose file uses exist once the project is installed
-    assert "pip install --no-deps -e ." in text and "USER fedreid" in text
-    ignore = (DOCKER / "Dockerfile.dockerignore").read_text().split()
-    assert {"docker/secrets", ".venv", "**/*.key"} <= set(ignore)
+    assert (tmp_path / "requirements.txt").read_text().split("\n")[:-1] == deps
+    # the build context (the repository root) leaves secrets, data, runs and environments out
+    ignore = (REPO / ".dockerignore").read_text().split()
+    assert {"docker/secrets", ".venv", ".git", "runs", "data", "**/*.key"} <= set(ignore)
+
+
+def nginx_blocks(text: str) -> dict[str, str]:
+    """``{location path: its block}`` of the proxy's nginx.conf (no nested locations there)."""
+    return {m.group(1): m.group(2) for m in re.finditer(r"location\s+(\S+)\s*\{(.*?)\n\s*\}", text, re.DOTALL)}
+
+
+def test_proxy_forwards_only_the_fleet_api_to_the_loopback_superlink(compose):
+    from flwr.common.constant import FLWR_PRIVATE_MAX_ARRAY_CHUNK_SIZE
+
+    conf = re.sub(r"#.*", "", (DOCKER / "proxy" / "nginx.conf").read_text())
+    blocks = nginx_blocks(conf)
+    assert set(blocks) == {"/v1/fleet/", "/"}
+    fleet, rest = blocks["/v1/fleet/"], blocks["/"]
+    assert "return 404;" in rest and "proxy_pass" not in rest
+    assert re.search(r"limit_except POST \{ deny all; \}", fleet) and conf.count("proxy_pass") == 1
+    # upstream = the address the coordinator's SuperLink listens on (loopback, shared namespace), over TLS
+    upstream = re.search(r"upstream superlink \{\s*server (\S+);", conf).group(1)
+    cfg = compose_experiment(compose["services"]["superlink"]["command"][1:])
+    assert upstream == cfg.superlink.address == "127.0.0.1:9091"
+    assert "proxy_pass https://superlink;" in fleet and "proxy_ssl_verify on;" in fleet
+    # the SuperLink's certificate names localhost (fedserver certs always adds it): what the proxy checks
+    assert "proxy_ssl_name localhost;" in fleet
+    # public TLS with the coordinator's certificate, on the port compose publishes
+    assert re.search(r"listen 9092 ssl;", conf) and compose["services"]["superlink"]["ports"][0].endswith(":9092")
+    assert "ssl_certificate     /run/secrets/server_cert;" in conf
+    assert "ssl_certificate_key /run/secrets/server_key;" in conf
+    # a request body holds one of Flower's array chunks (+ protobuf framing), and not much more
+    limit = int(re.search(r"client_max_body_size (\d+)m;", conf).group(1)) * 2**20
+    assert FLWR_PRIVATE_MAX_ARRAY_CHUNK_SIZE < limit <= 2 * FLWR_PRIVATE_MAX_ARRAY_CHUNK_SIZE
 
 
 def test_fedclient_help_lists_the_flags_compose_uses(compose):
@@ -240,6 +281,6 @@ def test_make_targets_drive_docker_compose():
                               check=True, timeout=30, env=env).stdout
 
     up, gpu, down = dry("compose-up"), dry("compose-up", "GPU=1"), dry("compose-down")
-    assert "docker compose -f docker/compose.yaml" in up and " up --build" in up and "compose.gpu.yaml" not in up
-    assert "-f docker/compose.gpu.yaml" in gpu and "TORCH_VARIANT=cuda" in gpu and "SITE_DEVICE=cuda" in gpu
-    assert "docker compose -f docker/compose.yaml" in down and " down" in down
+    assert "docker compose -p fedreid -f docker/compose.yaml" in up and " up --build" in up and "compose.gpu.yaml" not in up
+    assert "-f docker/compose.gpu.yaml" in gpu and "SITE_DEVICE=cuda" in gpu
+    assert "docker compose -p fedreid -f docker/compose.yaml" in down and " down" in down

@@ -1,5 +1,8 @@
 """docker/compose.yaml's topology for real, without Docker: Linux network namespaces.
 
+(Without the proxy: the SuperLink listens where compose's proxy does. tests/test_docker_compose.py
+runs the compose file itself, proxy included, when a Docker engine is there.)
+
 The coordinator runs in one namespace at 10.200.0.1, each site in its own namespace with its own
 address; the namespaces are joined by veth pairs to a bridge that lives in a fourth namespace, so
 nothing is added to the host's own network and the test subnet exists only inside them. The
@@ -132,6 +135,11 @@ def test_compose_topology_two_rounds_across_network_namespaces(tmp_path):
     env = {**ENV, "FEDREID_SECRETS": str(secrets), **{f"{s.upper()}_DATA": str(data / s) for s in SITES}}
     compose = load_compose(env=env)
     server_cmd = host_command(compose, "superlink", volumes)
+    # no proxy here (nginx is not on the host; tests/test_docker_compose.py runs it): the SuperLink
+    # takes the proxy's place on the public port instead of compose's loopback address
+    loopback = "superlink.address=127.0.0.1:9091"
+    assert loopback in server_cmd
+    server_cmd[server_cmd.index(loopback)] = "superlink.address=0.0.0.0:9092"
     assert not any(a.split("=")[0] == t.split("=")[0] for a in server_cmd for t in TINY), "duplicate override"
     server_cmd += TINY
     # TINY's train.batch_size: the sites check at start that they hold at least one batch
