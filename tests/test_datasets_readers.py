@@ -248,6 +248,33 @@ def test_cuhk03_extraction_once_then_scipy_only(written, tmp_path):
         build_reader("cuhk03", root)
 
 
+def test_cuhk03_read_only_data_extracts_into_the_cache(written, tmp_path, monkeypatch):
+    from common.datasets import cuhk03
+
+    writable = copy_of(written, "cuhk03", tmp_path / "w")
+    shutil.rmtree(writable / "cuhk03" / "images_detected")
+    expected = build_reader("cuhk03", writable)  # extracted beside the data
+    ro = Path(shutil.copytree(writable / "cuhk03", tmp_path / "ro" / "cuhk03"))
+    shutil.rmtree(ro / "images_detected")
+    before = sorted(os.listdir(ro))
+    base = str(ro)
+    # a read-only mount (root passes permission checks, so the check is what is replaced here)
+    monkeypatch.setattr(cuhk03.os, "access", lambda p, mode: str(p) != base and os.access(p, mode))
+    monkeypatch.setenv("FEDREID_CACHE_DIR", str(tmp_path / "cache"))
+    r = build_reader("cuhk03", ro)
+    assert sorted(os.listdir(ro)) == before  # nothing written into the data folder
+    (cached,) = (tmp_path / "cache").glob("cuhk03-*/images_detected")
+    assert {Path(x.path).parent for x in all_records(r)} == {cached}
+    # the same images and records as an extraction beside the data
+    assert [(Path(x.path).name, x.pid, x.camid) for x in all_records(r)] == \
+        [(Path(x.path).name, x.pid, x.camid) for x in all_records(expected)]
+    for x in r.query:
+        assert (cached / Path(x.path).name).read_bytes() == (writable / "cuhk03" / "images_detected" /
+                                                             Path(x.path).name).read_bytes()
+    build_reader("cuhk03", ro)  # extracted once: found again in the cache
+    assert len(list((tmp_path / "cache").iterdir())) == 1
+
+
 def test_cuhk03_classic_split(written):
     raw = loadmat(
         written["cuhk03"] / "cuhk03" / "cuhk03_release" / "cuhk-03.mat", variable_names=["testsets"]

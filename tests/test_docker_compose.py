@@ -120,9 +120,10 @@ def test_compose_coordinator_proxy_and_four_sites_two_rounds():
     project = f"fedreidtest{os.getpid()}"
     compose = [*compose_cli(), "-p", project, "-f", str(REPO / "docker" / "compose.yaml"),
                "-f", str(root / "override.yaml")]
+    env = dict(os.environ)
     try:
-        env = {**os.environ, **make_deployment(root), "FEDREID_EXPERIMENT": "demo", "FEDREID_ROUNDS": "2",
-               "FEDREID_MIN_SITES": "4", "FEDREID_PORT": "127.0.0.1:"}
+        env |= {**make_deployment(root), "FEDREID_EXPERIMENT": "demo", "FEDREID_ROUNDS": "2",
+                "FEDREID_MIN_SITES": "4", "FEDREID_PORT": "127.0.0.1:"}  # a free loopback port on the host
         # the tiny settings, appended to the coordinator's own command by a compose override file
         command = yaml.safe_load((REPO / "docker" / "compose.yaml").read_text())["services"]["superlink"]["command"]
         (root / "override.yaml").write_text(yaml.safe_dump({"services": {"superlink": {"command": command + TINY}}}))
@@ -159,6 +160,7 @@ def _run_and_check(compose: list[str], env: dict, project: str, figures: dict) -
         "echo \"loopback_exit=$?\"")
     r = sh(["docker", "exec", site, "sh", "-c", intruder], 400)
     out = r.stdout + r.stderr
+    print("---- from the site container:\n" + out[-3000:])
     codes = dict(line.split("=") for line in r.stdout.splitlines() if line.endswith(tuple("0123456789"))
                  and line.split("=")[0] in ("flwr_run_exit", "register_exit", "loopback_exit"))
     assert set(codes) == {"flwr_run_exit", "register_exit", "loopback_exit"}, out[-4000:]

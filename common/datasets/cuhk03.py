@@ -22,11 +22,16 @@ What is read:
   skipped). The real release is MATLAB v7.3 (HDF5) and needs ``h5py``; a v5 file (what the
   synthetic replicas write with ``scipy.io.savemat``) is read with scipy. Extraction writes to
   ``images_<kind>.partial/`` and renames it when complete, so an interrupted run leaves no
-  half-filled folder behind.
+  half-filled folder behind. A data folder that cannot be written (a read-only mount, as the sites'
+  in docker/compose.yaml) gets its images extracted into a cache instead:
+  ``$FEDREID_CACHE_DIR`` (default ``~/.cache/fedreid``)``/cuhk03-<key>/images_<kind>/``, the key
+  naming the .mat by path, size and modification time.
 """
 
 from __future__ import annotations
 
+import hashlib
+import os
 import re
 from collections import defaultdict
 from collections.abc import Iterator
@@ -103,6 +108,18 @@ def raw_testsets(raw: Path) -> list[np.ndarray]:
     return [np.asarray(c) for c in loadmat(raw, variable_names=["testsets"])["testsets"].ravel()]
 
 
+def images_dir(base: Path, kind: str, raw: Path) -> Path:
+    """Where ``images_<kind>/`` is, or is to be extracted: beside the data when that folder can be
+    written, else in a cache keyed on the .mat (path, size, modification time)."""
+    beside = base / f"images_{kind}"
+    if beside.is_dir() or os.access(base, os.W_OK) or not raw.is_file():
+        return beside
+    st = raw.stat()
+    key = hashlib.sha256(f"{raw.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:16]
+    cache = Path(os.environ.get("FEDREID_CACHE_DIR") or Path.home() / ".cache" / "fedreid").expanduser()
+    return cache / f"cuhk03-{key}" / f"images_{kind}"
+
+
 def extract_images(raw: Path, kind: str, out_dir: Path) -> Path:
     """Write ``kind`` images of ``cuhk-03.mat`` as torchreid-named PNGs into ``out_dir`` (once)."""
     if out_dir.is_dir():
@@ -144,7 +161,7 @@ class CUHK03(DatasetReader):
         base = resolve_base(root, "cuhk03")
         self.root, self.kind, self.protocol = base, kind, protocol
         raw = base / "cuhk03_release" / "cuhk-03.mat"
-        img_dir = base / f"images_{kind}"
+        img_dir = images_dir(base, kind, raw)
         if protocol == "new":
             cfg = require_file(
                 self.name, self.expected, base / f"cuhk03_new_protocol_config_{kind}.mat"
