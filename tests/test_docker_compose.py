@@ -168,15 +168,20 @@ def _run_and_check(compose: list[str], env: dict, project: str, figures: dict) -
     # the refusals came from the proxy (404 on the Control API), not from a network fault
     proxy_log = ok(["docker", "logs", proxy], 60)
     refused = [ln for ln in proxy_log.splitlines() if '"POST /v1/control/' in ln]
-    assert refused and all('" 404 ' in ln for ln in refused), proxy_log[-3000:]
+    assert {"/v1/control/start-run", "/v1/control/register-node"} <= {ln.split()[6] for ln in refused}, refused
+    assert all('" 404 ' in ln for ln in refused), proxy_log[-3000:]
     assert "running" == ok(["docker", "inspect", "-f", "{{.State.Status}}", coordinator], 60).strip(), \
         "the run ended before the refusals were tried: no longer 'while training goes on'"
-    # the sites' own traffic went through the proxy: Fleet API calls, answered 200
-    assert any('"POST /v1/fleet/push-messages' in ln and '" 200 ' in ln for ln in proxy_log.splitlines())
 
     # ---- the run: bounded wait for the one-shot coordinator
     code = int(ok(["timeout", str(RUN_TIMEOUT_S), "docker", "wait", coordinator], RUN_TIMEOUT_S + 30).strip())
     assert code == 0, ok(["docker", "logs", "--tail", "80", coordinator], 60)
+    # the sites' updates went through the proxy: array chunks pushed (POST /v1/fleet/push-object, each
+    # under the body cap) from all four site containers, none refused as too large (413)
+    proxy_lines = ok(["docker", "logs", proxy], 60).splitlines()
+    pushed = [ln for ln in proxy_lines if '"POST /v1/fleet/push-object ' in ln and '" 200 ' in ln]
+    assert len({ln.split()[0] for ln in pushed}) == 4, proxy_lines[-20:]
+    assert not [ln for ln in proxy_lines if '" 413 ' in ln]
     rows = json.loads(volume_exec(f"{project}_runs", "/runs",
                                   "print(open('/runs/fedreid/metrics.json').read())"))
     assert [r["round"] for r in rows] == [0, 1, 2]
