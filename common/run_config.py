@@ -17,7 +17,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from common.checkpoint import atomic_json_save
 from common.config import ExperimentConfig
 
 ENV = "FEDREID_SERVERAPP_CONFIG"
@@ -27,6 +26,8 @@ RUN_CONFIG_KEY = "experiment-json"
 
 def write_serverapp_config(run_dir: Path, cfg: ExperimentConfig) -> Path:
     """The whole experiment for the ServerApp (only the coordinator's user can read it)."""
+    from common.checkpoint import atomic_json_save  # torch: only the coordinator writes this file
+
     path = Path(run_dir) / FILE
     atomic_json_save(cfg.to_dict(), path)
     return path
