@@ -12,6 +12,7 @@ help:
 	@echo "make demo-fedfr  FedFR: pretrain + federation + generic/personalised evaluation (CPU)"
 	@echo "make test      the test suite"
 	@echo "make bench     benchmarks (JSON on stdout)"
+	@echo "make study-NAME  a study of conf/study/NAME.yaml (variants x seeds, tables and plots)"
 	@echo "make soak      reliability soak: 50 rounds, a site killed every 10 (about 40 min)"
 	@echo "make compose-up / compose-down   the federation in docker compose (GPU=1 for CUDA)"
 
@@ -40,6 +41,9 @@ bench: install
 
 soak: install
 	$(BIN)/python benchmarks/soak.py
+
+study-%: install  ## a named study (conf/study/<name>.yaml): make study-fedreid-ablation
+	$(BIN)/fedstudy $*
 
 clean:
 	rm -rf runs .pytest_cache

@@ -33,6 +33,7 @@ from common.datasets import layouts, synthetic
 from common.datasets.fingerprint import data_fingerprint, is_current, mark_complete
 from common.datasets.layouts import write_layout
 from common.datasets.synthetic import write_market_layout
+from server.sim_worlds import POOLED, WORLDS, pool_sites, write_class_data
 
 DEFAULT_SITES = ["market1501", "dukemtmc", "cuhk03", "msmt17"]
 # --site-layouts real: each site's data in the real layout of the dataset it stands for
@@ -130,22 +131,48 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--timeout", type=float, default=1800, help="seconds before everything is stopped")
     p.add_argument("--no-site-process", action="store_true",
                    help="fedclient --no-site-process: each round's ClientApp process does the site's round")
+    p.add_argument("--data-dir", default=None, help="where the world is written once and reused (default OUT/data)")
+    p.add_argument("--world", choices=WORLDS, default="reid",
+                   help="reid: synthetic multi-domain Re-ID (default); fashion-mnist / cifar10: a real classification "
+                        "set from --world-root as sites with disjoint classes, the last 2 classes held out")
+    p.add_argument("--world-root", default="", help="folder of the official IDX (Fashion-MNIST) or "
+                                                     "cifar-10-batches-py release")
+    p.add_argument("--iid", action="store_true", help="class worlds: every site all training classes (disjoint images)")
+    p.add_argument("--per-class", type=int, default=300, help="class worlds: training images per class and site")
+    p.add_argument("--queries-per-class", type=int, default=100)
+    p.add_argument("--gallery-per-class", type=int, default=500)
+    p.add_argument("--pool-sites", action="store_true",
+                   help="the centralised bound: one virtual site 'pooled' with every site's images (--engine simulation)")
     a, overrides = p.parse_known_args(argv)
     a.sites = site_list(a.sites, a.engine)
+    if a.pool_sites and a.engine != "simulation":
+        raise SystemExit("--pool-sites: the pooled site runs as a virtual site; add --engine simulation")
     out = Path(a.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
+    data_dir = Path(a.data_dir).resolve() if a.data_dir else out / "data"
     t0 = time.time()
-    roots = write_data(out / "data", a.sites, train_ids=a.train_ids, images_per_id=a.images_per_id,
-                       target_ids=a.target_ids, real_layouts=a.site_layouts == "real")
-    print(f"fedsim: synthetic data in {out / 'data'} ({time.time() - t0:.1f}s)", flush=True)
+    if a.world == "reid":
+        roots = write_data(data_dir, a.sites, train_ids=a.train_ids, images_per_id=a.images_per_id,
+                           target_ids=a.target_ids, real_layouts=a.site_layouts == "real")
+        targets = {n: roots[n] for n in TARGETS}
+    else:
+        if not a.world_root:
+            raise SystemExit(f"--world {a.world}: name the dataset's folder with --world-root")
+        roots, targets = write_class_data(data_dir, a.world, a.world_root, a.sites, iid=a.iid,
+                                          per_class=a.per_class, queries_per_class=a.queries_per_class,
+                                          gallery_per_class=a.gallery_per_class)
+    if a.pool_sites:
+        roots |= pool_sites(data_dir, {s: roots[s] for s in a.sites})
+        a.sites = [POOLED]
+    print(f"fedsim: data in {data_dir} ({time.time() - t0:.1f}s)", flush=True)
     clear_site_states(out / "state", a.sites)  # the run folder itself is retired by fedserver
     port = a.port or processes.free_port()
     address = f"127.0.0.1:{port}"
     server_overrides = [
         "experiment=demo", f"run_dir={out}", f"sites=[{','.join(a.sites)}]",
         f"strategy.min_available_sites={len(a.sites)}", f"superlink.address={address}", "superlink.insecure=true",
-        *[f"++eval.targets.{n}.reader={roots[n][0]}" for n in TARGETS],
-        *[f"++eval.targets.{n}.root={roots[n][1]}" for n in TARGETS],
+        *[f"++eval.targets.{n}.reader={reader}" for n, (reader, _) in targets.items()],
+        *[f"++eval.targets.{n}.root={root}" for n, (_, root) in targets.items()],
         *(simulation_overrides({s: (*roots[s], out / "state" / s) for s in a.sites})
           if a.engine == "simulation" else []),
         *overrides,
