@@ -147,18 +147,22 @@ def _run_and_check(compose: list[str], env: dict, project: str, figures: dict) -
 
     coordinator, site = container("superlink"), container("market1501")
     proxy = container("proxy")
-    # ---- while training goes on: the public port refuses the Control API, loopback is not reachable
+    # ---- while training goes on: the public port refuses the Control API, loopback is not reachable.
+    # The intruder is a container of the site image on the sites' network (not `docker exec` in a site:
+    # a site's container stops when its fedclient ends with the run, and would take the shell with it).
     intruder = (
         "set -u; export FLWR_HOME=/tmp/intruder; mkdir -p $FLWR_HOME; "
         "printf '[superlink]\\ndefault = \"x\"\\n\\n[superlink.x]\\naddress = \"superlink:9092\"\\n"
-        "root-certificates = \"/run/secrets/ca_cert\"\\n' > $FLWR_HOME/config.toml; "
+        "root-certificates = \"/ca.crt\"\\n' > $FLWR_HOME/config.toml; "
         "timeout 120 flwr run /app x; echo \"flwr_run_exit=$?\"; "
         "fedclient keygen --site market1501 --out /tmp/intruder/keys >/dev/null; "
         "timeout 120 fedserver register-site /tmp/intruder/keys/market1501.pub --site market1501 "
-        "--superlink superlink:9092 --root-certificates /run/secrets/ca_cert; echo \"register_exit=$?\"; "
+        "--superlink superlink:9092 --root-certificates /ca.crt; echo \"register_exit=$?\"; "
         "python -c \"import socket; socket.create_connection(('superlink', 9091), timeout=5)\" 2>/dev/null; "
         "echo \"loopback_exit=$?\"")
-    r = sh(["docker", "exec", site, "sh", "-c", intruder], 400)
+    ca = Path(env["FEDREID_SECRETS"]) / "tls" / "ca.crt"
+    r = sh(["docker", "run", "--rm", "--network", f"{project}_federation", "-v", f"{ca}:/ca.crt:ro",
+            "--entrypoint", "sh", IMAGE, "-c", intruder], 400)
     out = r.stdout + r.stderr
     print("---- from the site container:\n" + out[-3000:])
     codes = dict(line.split("=") for line in r.stdout.splitlines() if line.endswith(tuple("0123456789"))
