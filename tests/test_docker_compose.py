@@ -145,7 +145,7 @@ def _run_and_check(compose: list[str], env: dict, project: str, figures: dict) -
     def container(service: str) -> str:
         return ok([*compose, "ps", "-q", service], 60, env=env).strip()
 
-    coordinator, site = container("superlink"), container("market1501")
+    coordinator = container("superlink")
     proxy = container("proxy")
     # ---- while training goes on: the public port refuses the Control API, loopback is not reachable.
     # The intruder is a container of the site image on the sites' network (not `docker exec` in a site:
