@@ -122,7 +122,7 @@ def test_compose_coordinator_proxy_and_four_sites_two_rounds():
                "-f", str(root / "override.yaml")]
     env = dict(os.environ)
     try:
-        env |= {**make_deployment(root), "FEDREID_EXPERIMENT": "demo", "FEDREID_ROUNDS": "2",
+        env |= {**make_deployment(root), "FEDREID_EXPERIMENT": "demo", "FEDREID_ROUNDS": "2", "FEDREID_BATCH_SIZE": "4",
                 "FEDREID_MIN_SITES": "4", "FEDREID_PORT": "127.0.0.1:"}  # a free loopback port on the host
         # the tiny settings, appended to the coordinator's own command by a compose override file
         command = yaml.safe_load((REPO / "docker" / "compose.yaml").read_text())["services"]["superlink"]["command"]
