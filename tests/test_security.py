@@ -218,7 +218,9 @@ def test_superlink_refuses_unsafe_or_incomplete_settings(overrides, message):
 
 
 def test_fedserver_without_tls_or_insecure_refuses_to_start(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "server.main", f"run_dir={tmp_path / 'run'}"], cwd=REPO,
+    # model.pretrained=none: the paper preset's ImageNet weights are checked first (none here)
+    r = subprocess.run([sys.executable, "-m", "server.main", f"run_dir={tmp_path / 'run'}", "model.pretrained=none"],
+                       cwd=REPO,
                        check=False, capture_output=True, text=True, timeout=120)
     assert r.returncode != 0
     assert "TLS needs superlink.ca_cert" in r.stderr and "superlink.insecure=true" in r.stderr
