@@ -39,6 +39,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from common import processes
+from common.checkpoint import atomic_json_save
 from common.compose import REPO_ROOT
 from server.study_results import curve, final_metrics, write_results
 
@@ -86,7 +87,7 @@ def completed(run_dir: Path) -> bool:
 def run_study(study: dict, out: Path, *, only: list[str] | None = None, timeout_s: float = 7200) -> dict:
     """Run every (variant, seed) not yet completed, then write the results; returns the summary."""
     out.mkdir(parents=True, exist_ok=True)
-    (out / "study.json").write_text(json.dumps(study, indent=1))  # what was run, world parameters included
+    atomic_json_save(study, out / "study.json")  # what was run, world parameters included
     variants = [v for v in study["variants"] if not only or v in only]
     unknown = sorted(set(only or []) - set(study["variants"]))
     if unknown:
