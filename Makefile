@@ -52,4 +52,4 @@ clean:
 include docker/compose.mk
 
 demo-fedfr: install  ## FedFR: pretrain, federated rounds with real processes, generic + personalised evaluation
-	$(BIN)/python -m server.sim_fedfr --out runs/fedfr-demo
+	$(BIN)/python -m server.fedfr.demo --out runs/fedfr-demo

@@ -90,7 +90,7 @@ def serialisation_costs(backbone: str) -> dict:
     import numpy as np
     from flwr.common import ndarrays_to_parameters, parameters_to_ndarrays
 
-    from common.config import ExperimentConfig
+    from common.config.experiment import ExperimentConfig
     from common.models.builder import expected_manifest
     from common.params import packed_nbytes
 

@@ -37,7 +37,7 @@ from common.evaluation.verification import (
     allowed_false_accepts,
     verification_operating_points,
 )
-from common.hard_negatives import select_hard_negatives
+from common.losses.hard_negatives import select_hard_negatives
 
 
 def unit_rows(rng: np.random.Generator, n: int, d: int) -> np.ndarray:

@@ -34,7 +34,7 @@ def keygen_main(argv: list[str]) -> int:
         security.check_site_name(a.site)
     except ValueError as e:
         raise SystemExit(f"fedclient keygen: {e}") from None
-    from common.compose import site_names
+    from common.config.compose import site_names
 
     known = site_names()
     if a.site not in known:

@@ -25,8 +25,8 @@ from client.channel import socket_path
 from client.run_end import exit_status, read_progress
 from client.site_supervisor import SiteSupervisor, site_process_cmd
 from common import processes
-from common.compose import load_site, site_names
-from common.config import TrainConfig
+from common.config.compose import load_site, site_names
+from common.config.experiment import TrainConfig
 from common.datasets import READERS, build_reader
 from common.datasets.base import DatasetLayoutError
 from common.datasets.face_folder import FACE_READERS, build_face_reader

@@ -2,7 +2,7 @@
 
     python -m client.site_process --socket STATE_DIR/site.sock --node-config-json '{"site": ...}'
 
-It imports torch once, builds the site (``client/build.py``: the FedReID or FedFR NumPyClient,
+It imports torch once, builds the site (``client/tasks.py``: the FedReID or FedFR NumPyClient,
 with its data index) on the first message of a run and keeps it: the state of the site's last
 round (models, head, expert, DFC layer, optimizer state) stays in memory, and the state file is
 still written atomically after every round (crash safety, coordinator resume and a restart of this
@@ -23,9 +23,9 @@ import signal
 import sys
 import time
 
-from client.build import build_site
 from client.channel import ChannelError, listen, recv_frame, send_frame
-from common.config import ExperimentConfig
+from client.tasks import build_site
+from common.config.experiment import ExperimentConfig
 from common.logs import setup_logging
 
 log = logging.getLogger("fedclient")

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from common.config import ExperimentConfig
+from common.config.experiment import ExperimentConfig
 
 # flwr.common.constant.PARTITION_ID_KEY / NUM_PARTITIONS_KEY (kept literal: this module must not
 # need flwr to be tested)

@@ -26,9 +26,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from common.modes import MODES
+from common.config.modes import MODES
 
-# strategy.mode -> prefixes of the state_dict keys that are shared (common/modes.py: the table)
+# strategy.mode -> prefixes of the state_dict keys that are shared (common/config/modes.py: the table)
 SHARED_PREFIXES = {name: m.shared for name, m in MODES.items()}
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from common.config import sites_per_round
+from common.config.experiment import sites_per_round
 
 
 def average(updates: list[list[np.ndarray]], weights: list[float] | None = None, *,

@@ -17,13 +17,15 @@ from pathlib import Path
 
 from common import processes
 from common.checkpoint import UnsafeCheckpointError
-from common.compose import compose_experiment, conf_dir
-from common.config import ExperimentConfig
-from common.run_config import ENV as SERVERAPP_ENV
-from common.run_config import site_run_config, write_serverapp_config
+from common.config.compose import compose_experiment, conf_dir
+from common.config.experiment import ExperimentConfig
+from common.config.run import ENV as SERVERAPP_ENV
+from common.config.run import site_run_config, write_serverapp_config
 from common.writable import NotWritableError, check_writable
 from server import admin
+from server.resume import announce_resume, resume_config, retire_previous_run
 from server.sites import SITE_NODES, write_site_nodes
+from server.tasks import server_task
 
 USAGE = """usage: fedserver [KEY=VALUE ...] [GROUP=OPTION ...]
 
@@ -38,7 +40,7 @@ Groups:  experiment=fedreid|demo|fedfr|fedfr-demo   model=resnet50|resnet18
          strategy=fedreid|fedavg|local   privacy=none|noise
 FedFR:   fedserver experiment=fedfr fedfr.stage=pretrain fedfr.public_root=DIR   (Theta_g^0, Phi_g)
          fedserver experiment=fedfr fedfr.public_root=DIR sites=[face1,...]      (the federated run)
-         every fedfr.* key is documented in common/fedfr_config.py; sites: fedclient --site face1
+         every fedfr.* key is documented in common/config/fedfr.py; sites: fedclient --site face1
 Options: --help (this text), --cfg (print the composed config and exit)
 TLS:     superlink.ca_cert=ca.crt superlink.cert=server.pem superlink.key=server.key
          (plain text needs an explicit superlink.insecure=true and prints a warning)
@@ -134,7 +136,7 @@ def run_config_file(run_dir: Path, cfg: ExperimentConfig) -> Path:
     """The run config overrides as a TOML file: the experiment's SITE VIEW as one JSON string.
 
     Flower hands the run config to every site, so it holds no coordinator setting; the ServerApp
-    reads the whole experiment from ``RUN_DIR/serverapp_config.json`` (common/run_config.py).
+    reads the whole experiment from ``RUN_DIR/serverapp_config.json`` (common/config/run.py).
     """
     import tomli_w
 
@@ -154,22 +156,6 @@ def check_targets(cfg: ExperimentConfig) -> None:
             raise SystemExit(f"fedserver: evaluation target {name!r}: {e}") from None
 
 
-def check_initial_weights(cfg: ExperimentConfig) -> None:
-    """Before any process starts: the ImageNet weights are in the torch cache (fetched once if not)
-    or in the given file and fit the backbone; ``none`` is printed as a warning."""
-    from common.models.builder import initial_model
-    from common.models.pretrained import PretrainedWeightsError
-
-    if cfg.model.pretrained == "none":
-        print("fedserver: WARNING: model.pretrained=none: the embedding starts from random weights, not the "
-              "paper's ImageNet initialisation (recorded as embedding_init=random in metrics.json)", file=sys.stderr)
-        return
-    try:
-        initial_model(cfg)
-    except PretrainedWeightsError as e:
-        raise SystemExit(f"fedserver: {e}") from None
-
-
 def _exit_on_signal(signum: int, frame) -> None:
     raise SystemExit(128 + signum)  # unwinds through run()'s finally, which stops the SuperLink
 
@@ -178,13 +164,12 @@ def run(cfg: ExperimentConfig, *, resume: bool = False) -> int:
     # SIGTERM (docker stop, systemd, a supervisor) must stop what fedserver started: the SuperLink
     # runs in its own process group and would otherwise outlive it
     signal.signal(signal.SIGTERM, _exit_on_signal)
-    if cfg.task == "fedfr" and cfg.fedfr.stage == "pretrain":  # FedFR generic model Theta_g^0, Phi_g: no sites
-        from server.fedfr_pretrain import pretrain_main
-
-        return pretrain_main(cfg)
+    task = server_task(cfg.task)
+    if task.offline is not None and (code := task.offline(cfg)) is not None:  # FedFR pre-training: no sites
+        return code
     check_targets(cfg)
-    if cfg.task == "fedreid" and not resume:
-        check_initial_weights(cfg)
+    if not resume:
+        task.check_start(cfg)  # before any process starts (FedReID: the ImageNet weights are there)
     engine = ENGINES[cfg.engine.name]()
     engine.prepare(cfg)
     run_dir = Path(cfg.run_dir)
@@ -196,15 +181,11 @@ def run(cfg: ExperimentConfig, *, resume: bool = False) -> int:
     db = run_dir / "superlink.db"
     db_kept = resume and db.is_file() and cfg.superlink.persist_state
     if not resume:
-        from server.resume import retire_previous_run
-
         retire_previous_run(run_dir)
         (run_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
         for old in [*run_dir.glob("superlink.db*"), run_dir / SITE_NODES]:  # a new run: fresh SuperLink state
             old.unlink(missing_ok=True)
     else:
-        from server.resume import announce_resume
-
         if announce_resume(cfg):  # every round was done already
             return 0
     home = run_dir / "flwr_home"
@@ -275,8 +256,6 @@ def main(argv: list[str] | None = None) -> None:
     resume = [a for a in args if a.startswith("resume=")]
     try:
         if resume:  # fedserver resume=RUN_DIR [operational overrides]
-            from server.resume import resume_config
-
             cfg = resume_config(resume[0].partition("=")[2], [a for a in args if a not in resume])
         else:
             cfg = compose_experiment(args)

@@ -34,81 +34,21 @@ at most one round: the resumed run asks for that round again).
 from __future__ import annotations
 
 import json
-import random
 import shutil
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import torch
 import yaml
 
-from common.checkpoint import save_global_checkpoint, torch_load
-from common.config import ExperimentConfig
-
-CHECKPOINT = "global_latest.pt"
-# version of the checkpoint's keys: 2 = tensors and plain values only (weights-only load, RNG states
-# as tensors, the run's noise secret); a format-1 file is refused by common.checkpoint.torch_load
-FORMAT = 2
+from common.config.experiment import ExperimentConfig
+from server.checkpoint import CHECKPOINT, load_server_checkpoint
+from server.reporting import RoundReporter
+from server.tasks import server_task
 
 # keys that may be changed on resume: where and how the processes run, not what they compute
 RESUMABLE_OVERRIDES = ("superlink.", "wait_for_sites_s", "round_timeout_s", "eval.device", "eval.batch_size",
                        "app_dir", "engine.num_cpus", "engine.num_gpus", "engine.ray_address", "engine.ray_num_cpus",
                        "engine.object_store_fraction")
-
-
-@dataclass
-class ServerCheckpoint:
-    round: int
-    keys: list[str]
-    arrays: list[np.ndarray]
-    manifest_hash: str
-    config: dict[str, Any]
-    strategy: dict[str, Any] = field(default_factory=dict)
-    rng: dict[str, Any] = field(default_factory=dict)
-    metrics: list[dict[str, Any]] = field(default_factory=list)
-    elapsed_s: float = 0.0
-
-
-def capture_rng() -> dict[str, Any]:
-    """The global RNG states of this process (python, numpy, torch)."""
-    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
-
-
-def restore_rng(state: dict[str, Any]) -> None:
-    """Set the RNG states of :func:`capture_rng`, also as read back from a checkpoint (where the
-    python state's tuples may be lists and numpy's key array is a tensor)."""
-    if not state:
-        return
-    version, internal, gauss = state["python"]
-    random.setstate((version, tuple(internal), gauss))
-    name, key, pos, has_gauss, cached = state["numpy"]
-    np.random.set_state((name, np.asarray(key, dtype=np.uint32), int(pos), int(has_gauss), float(cached)))
-    torch.set_rng_state(state["torch"])
-
-
-def save_server_checkpoint(path: str | Path, ck: ServerCheckpoint) -> None:
-    """One atomic write of everything needed to continue after round ``ck.round``."""
-    save_global_checkpoint(
-        path, keys=ck.keys, arrays=ck.arrays, server_round=ck.round, manifest_hash=ck.manifest_hash,
-        config=ck.config,
-        extra={"format": FORMAT, "strategy": ck.strategy, "rng": ck.rng, "metrics": ck.metrics,
-               "elapsed_s": ck.elapsed_s},
-    )
-
-
-def load_server_checkpoint(path: str | Path) -> ServerCheckpoint:
-    raw = torch_load(path)
-    if raw.get("format") != FORMAT:
-        raise ValueError(f"{path}: not a resumable checkpoint (format {raw.get('format')!r}, expected {FORMAT}); "
-                         "it was written by an older version")
-    state = raw["state_dict_shared"]
-    return ServerCheckpoint(
-        round=int(raw["round"]), keys=list(state), arrays=[v.numpy() for v in state.values()],
-        manifest_hash=raw["manifest_hash"], config=raw["config"], strategy=raw["strategy"], rng=raw["rng"],
-        metrics=list(raw["metrics"]), elapsed_s=float(raw["elapsed_s"]),
-    )
 
 
 def resume_config(run_dir: str | Path, overrides: list[str] | None = None) -> ExperimentConfig:
@@ -131,9 +71,7 @@ def resume_config(run_dir: str | Path, overrides: list[str] | None = None) -> Ex
         _set_dotted(d, key, yaml.safe_load(value))
     d["run_dir"] = str(run_dir)  # the folder given, also when it was moved since
     cfg = ExperimentConfig.from_dict(d)
-    if cfg.task == "fedfr" and cfg.fedfr.stage != "train":
-        raise ValueError(f"{path} is a FedFR pre-training (fedfr.stage={cfg.fedfr.stage}); only federated runs "
-                         "resume: run the pre-training again")
+    server_task(cfg.task).check_resumable(cfg)
     ck = run_dir / CHECKPOINT
     cfg.resume_from = str(ck) if ck.is_file() else ""
     if cfg.resume_from:
@@ -159,11 +97,9 @@ def announce_resume(cfg: ExperimentConfig) -> bool:
     if (run_dir / "global_final.pt").is_file() and '"completed"' in _read(run_dir / "status.json"):
         print(f"fedserver: {run_dir} has completed all {cfg.rounds} rounds already; nothing to resume", flush=True)
         return True
-    from server.app import RoundReporter
-
     reporter = RoundReporter(cfg, None, ck.keys, ck.manifest_hash, metrics_rows=ck.metrics, elapsed_s=ck.elapsed_s)
     reporter.metrics.write()  # the checkpoint's history is the reference
-    reporter._finish(ck.arrays)
+    reporter.finish(ck.arrays)
     print(f"fedserver: {run_dir} had completed all {cfg.rounds} rounds; final outputs written", flush=True)
     return True
 

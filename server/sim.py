@@ -10,7 +10,7 @@ and unseen target domains, then runs the federation on one of Flower's runtimes:
 
 It waits for the run, stops every process it started (also on failure or Ctrl-C) and prints the
 metrics of the untrained and the final global model. ``experiment=fedfr-demo`` runs the FedFR demo
-instead (server/sim_fedfr.py, the same options).
+instead (server/fedfr/demo.py, the same options).
 
     fedsim [--out runs/demo] [--sites market1501 dukemtmc cuhk03 msmt17 | --sites N] [--engine simulation]
            [HYDRA_OVERRIDES...]   e.g. engine.num_cpus=2 engine.num_gpus=0.25 rounds=10
@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 from common import processes
-from common.compose import REPO_ROOT, compose_experiment
+from common.config.compose import REPO_ROOT, compose_experiment
 from common.datasets import layouts, synthetic
 from common.datasets.fingerprint import data_fingerprint, is_current, mark_complete
 from common.datasets.layouts import write_layout
@@ -112,7 +112,7 @@ def simulation_overrides(sites: dict[str, tuple[str, Path, Path]], public_root: 
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     if "experiment=fedfr-demo" in argv:  # the FedFR demo, same options
-        from server.sim_fedfr import main as fedfr_main
+        from server.fedfr.demo import main as fedfr_main
 
         return fedfr_main([a for a in argv if a != "experiment=fedfr-demo"])
     p = argparse.ArgumentParser(prog="fedsim", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

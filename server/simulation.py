@@ -23,9 +23,9 @@ import uuid
 from pathlib import Path
 
 from common import processes
-from common.compose import load_site
-from common.config import ExperimentConfig
-from common.engine_config import VirtualSiteConfig
+from common.config.compose import load_site
+from common.config.engine import VirtualSiteConfig
+from common.config.experiment import ExperimentConfig
 
 
 class SimulationEngine:

@@ -22,7 +22,7 @@ from pathlib import Path
 from flwr.common import GetPropertiesIns
 from flwr.server.client_proxy import ClientProxy
 
-from common.config import SITE_NAME
+from common.config.experiment import SITE_NAME
 
 log = logging.getLogger("fedserver")
 

@@ -44,7 +44,7 @@ from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import FedAvg
 
-from common.config import SAMPLINGS
+from common.config.experiment import SAMPLINGS
 from common.params import Manifest, check_arrays
 from common.privacy import add_white_noise
 from common.seeding import secret_rng, stable_seed

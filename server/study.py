@@ -40,7 +40,7 @@ from omegaconf import OmegaConf
 
 from common import processes
 from common.checkpoint import atomic_json_save
-from common.compose import REPO_ROOT
+from common.config.compose import REPO_ROOT
 from server.study_results import curve, final_metrics, write_results
 
 STUDY_DIR = REPO_ROOT / "conf" / "study"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from common.config import ExperimentConfig
+from common.config.experiment import ExperimentConfig
 from common.datasets.synthetic import write_market_layout
 
 

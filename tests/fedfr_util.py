@@ -6,8 +6,8 @@ from pathlib import Path
 
 import torch
 
-from client.numpy_client import SiteSettings
-from common.config import ExperimentConfig
+from client.site_settings import SiteSettings
+from common.config.experiment import ExperimentConfig
 from common.datasets.face_split import plan_split, read_identities, write_split
 from common.datasets.synthetic_faces import write_identity_folders
 from common.models.fedfr import expected_fedfr_manifest, fedfr_model

@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 import torch
 
-import client.numpy_client as nc
-import client.train as ct
+import client.fedreid.client as nc
+import client.fedreid.train as ct
+from common.config.modes import MODES, label_offsets
 from common.datasets.synthetic import write_market_layout
 from common.models.builder import expected_manifest, model_for
-from common.modes import MODES, label_offsets
 from common.params import get_shared
-from server.fedavg_strategy import FedAvgStrategy
+from server.fedreid.fedavg_strategy import FedAvgStrategy
 from tests.conftest import tiny_config
 from tests.fakes import manager_of, packed
 from tests.test_site_client import fit_config, make_client

@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from client.main import parser as fedclient_parser
-from common.compose import compose_experiment, site_names
+from common.config.compose import compose_experiment, site_names
 from server.admin import certs_main, list_sites_parser
 from server.main import build_superlink_cmd
 

@@ -25,7 +25,7 @@ import pytest
 import yaml
 
 from client.keygen import keygen_main
-from common.compose import load_site
+from common.config.compose import load_site
 from common.datasets.layouts import write_layout
 from server.admin import certs_main, register_site_main
 

@@ -187,7 +187,7 @@ def test_slow_and_unreachable_sites_time_out_and_the_round_goes_on(tmp_path):
 
 @pytest.mark.timeout(600)
 def test_a_site_sending_a_huge_update_is_clipped_and_the_honest_run_goes_on(tmp_path):
-    from server.resume import load_server_checkpoint
+    from server.checkpoint import load_server_checkpoint
 
     sites = ["cuhk03", "dukemtmc", "market1501"]
     with Federation(tmp_path, sites, ["rounds=1", "round_timeout_s=240"]) as fed:

@@ -7,9 +7,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import client.fedfr_client as fc
-from client.fedfr_client import FedFRClient as WireClient
-from client.fedfr_state import load_fedfr_state
+import client.fedfr.client as fc
+from client.fedfr.client import FedFRClient as WireClient
+from client.fedfr.state import load_fedfr_state
 from common.datasets.face_folder import FaceFolder, FaceSite
 from common.models.fedfr import expected_fedfr_manifest, fedfr_model
 from common.params import set_shared
@@ -174,7 +174,7 @@ def test_a_round_replayed_after_a_coordinator_resume_starts_from_the_state_befor
 
 
 def test_round_learning_rate_steps_at_the_milestones():
-    from client.fedfr_train import round_learning_rate
+    from client.fedfr.train import round_learning_rate
 
     got = [round_learning_rate(0.1, [3, 5], 0.5, r) for r in range(1, 7)]
     assert got == pytest.approx([0.1, 0.1, 0.05, 0.05, 0.025, 0.025])

@@ -2,9 +2,9 @@
 
 import pytest
 
-from common.compose import compose_experiment
-from common.config import ExperimentConfig
-from common.fedfr_config import BACKBONES, FedFRConfig
+from common.config.compose import compose_experiment
+from common.config.experiment import ExperimentConfig
+from common.config.fedfr import BACKBONES, FedFRConfig
 from common.models.face import FACE_BACKBONES
 
 
@@ -57,7 +57,7 @@ def test_fedreid_runs_ignore_the_fedfr_section():
 def test_evaluation_reads_the_runs_own_config(tmp_path):
     import json
 
-    from server.fedfr_eval import run_config
+    from server.fedfr.evaluate import run_config
 
     saved = compose_experiment(["experiment=fedfr-demo", "fedfr.public_root=/data/pub", "rounds=2"])
     (tmp_path / "config.json").write_text(json.dumps(saved.to_dict()))

@@ -21,7 +21,7 @@ def test_fedfr_two_sites_one_round(tmp_path):
     out.mkdir()
     (out / "status.json").write_text(json.dumps({"status": "completed", "rounds": 4}))
     (out / "global_latest.pt").write_bytes(b"an earlier run's checkpoint")
-    cmd = [sys.executable, "-m", "server.sim_fedfr", "--out", str(out), "--sites", "face1", "face2",
+    cmd = [sys.executable, "-m", "server.fedfr.demo", "--out", str(out), "--sites", "face1", "face2",
            "--public-ids", "6", "--public-images", "4", "--ids-per-site", "3", "--train", "4", "--test", "2",
            "--ijbc-subjects", "4", "--size", "16", "--timeout", "420",
            "rounds=1", "fedfr.embedding_dim=16", "fedfr.pretrain_epochs=1", "fedfr.pretrain_batch_size=8",

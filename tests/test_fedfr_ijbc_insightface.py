@@ -7,7 +7,8 @@ import pytest
 import torch
 from PIL import Image
 
-from common.compose import compose_experiment
+from common.config.compose import compose_experiment
+from common.config.fedfr import IJBC_IDENTIFICATION
 from common.datasets.base import Record
 from common.datasets.face_align import ARCFACE_TEMPLATE, align_face, alignment_transform, template
 from common.datasets.face_images import FaceImages, face_transform
@@ -17,9 +18,8 @@ from common.datasets.synthetic_faces import write_ijbc_layout
 from common.evaluation.fedfr_protocols import IDENTIFICATION_PROTOCOLS, ijbc_identification, template_features
 from common.evaluation.insightface_1n import insightface_identification
 from common.evaluation.verification import tar_at_far
-from common.fedfr_config import IJBC_IDENTIFICATION
 from common.models.face import build_face_backbone
-from server.fedfr_eval import generic_metrics
+from server.fedfr.evaluate import generic_metrics
 
 
 def similarity(scale: float, degrees: float, tx: float, ty: float) -> np.ndarray:
@@ -246,7 +246,7 @@ def _write_meta(root, names):
 
 
 def test_the_per_round_evaluator_refuses_at_construction(tmp_path):
-    from server.fedfr_eval import GenericEvaluator
+    from server.fedfr.evaluate import GenericEvaluator
 
     write_ijbc_layout(tmp_path, 2, probe_templates=1, media_per_template=1, images_per_media=1, size=32)
     cfg = _cfg(image_size=32, ijbc_root=str(tmp_path))

@@ -4,12 +4,12 @@ import numpy as np
 import pytest
 import torch
 
-from common.compose import compose_experiment
-from common.config import ExperimentConfig
+from common.config.compose import compose_experiment
+from common.config.experiment import ExperimentConfig
 from common.evaluation.face_features import embed
 from common.evaluation.identification import tpir_at_fpir
 from common.models.face import build_face_backbone
-from server.fedfr_eval import eval_sites, personalised_metrics, write_reports
+from server.fedfr.evaluate import eval_sites, personalised_metrics, write_reports
 from tests.fedfr_util import SIZE, tiny_fedfr_config, tiny_world
 
 

@@ -11,10 +11,10 @@ import math
 import pytest
 import torch
 
-from common.compose import compose_experiment
+from common.config.compose import compose_experiment
 from common.datasets.face_folder import FaceFolder
 from common.datasets.synthetic_faces import write_identity_folders
-from server.fedfr_pretrain import pretrain, pretrain_lr
+from server.fedfr.pretrain import pretrain, pretrain_lr
 
 
 def test_pretrain_lr_warms_up_linearly_then_follows_the_milestones():
@@ -37,7 +37,7 @@ def test_the_paper_preset_warms_up_and_clips():
     assert f.pretrain_warmup_steps == 2000 and f.pretrain_max_grad_norm == 10.0
     bad = compose_experiment(["experiment=fedfr"]).to_dict()
     bad["fedfr"]["pretrain_warmup_steps"] = -1
-    from common.config import ExperimentConfig
+    from common.config.experiment import ExperimentConfig
 
     with pytest.raises(ValueError, match="pretrain_warmup_steps: expected >= 0"):
         ExperimentConfig.from_dict(bad)

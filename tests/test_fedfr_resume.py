@@ -6,9 +6,10 @@ import numpy as np
 import pytest
 
 from common.models.fedfr import expected_fedfr_manifest
-from server.fedfr_app import build_fedfr_components
-from server.fedfr_pretrain import pretrain_main
-from server.resume import CHECKPOINT, ServerCheckpoint, resume_config, save_server_checkpoint
+from server.checkpoint import CHECKPOINT, ServerCheckpoint, save_server_checkpoint
+from server.fedfr.components import build_components
+from server.fedfr.pretrain import pretrain_main
+from server.resume import resume_config
 from tests.fakes import unpacked
 from tests.fedfr_util import global_arrays, tiny_fedfr_config, tiny_world
 
@@ -32,7 +33,7 @@ def test_a_fedfr_run_resumes_after_its_checkpointed_round(world, tmp_path):
         round=2, keys=list(man.keys), arrays=after_round_2, manifest_hash=man.hash, config=cfg.to_dict(),
         strategy={"seed": 3, "site_models": {}}, metrics=rows, elapsed_s=40.0))
 
-    comps = build_fedfr_components(resume_config(tmp_path / "run"))
+    comps = build_components(resume_config(tmp_path / "run"))
     s = comps.strategy
     assert comps.config.num_rounds == 3  # rounds 3, 4, 5 remain
     assert s.round_offset == 2

@@ -5,7 +5,7 @@ import pytest
 from flwr.common import Code, FitRes, Status, ndarrays_to_parameters
 
 from common.params import Manifest, to_wire
-from server.fedfr_strategy import FedFRStrategy
+from server.fedfr.strategy import FedFRStrategy
 from server.strategy import FedReIDStrategy
 from tests.fakes import named_results, unpacked
 

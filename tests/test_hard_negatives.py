@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from common.hard_negatives import select_hard_negatives
+from common.losses.hard_negatives import select_hard_negatives
 
 
 def brute_force(public: np.ndarray, local: np.ndarray, threshold: float) -> list[int]:

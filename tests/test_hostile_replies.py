@@ -13,7 +13,7 @@ from flwr.common import Parameters
 from scipy import stats
 
 from common.params import Manifest
-from server.fedfr_strategy import FedFRStrategy
+from server.fedfr.strategy import FedFRStrategy
 from server.replies import ReplyError, check_metrics, decode_arrays
 from server.strategy import FedReIDStrategy
 from tests.fakes import fit_res, named_results, packed, unpacked

@@ -23,7 +23,7 @@ import pytest
 
 from client.keygen import keygen_main
 from common import processes
-from common.compose import load_site
+from common.config.compose import load_site
 from common.datasets.layouts import write_layout
 from server.admin import certs_main, register_site_main
 from tests.test_compose import load_compose

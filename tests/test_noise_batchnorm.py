@@ -7,7 +7,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from common.fedfr_config import FedFRConfig
+from common.config.fedfr import FedFRConfig
 from common.models.builder import expected_manifest, model_for
 from common.models.fedfr import expected_fedfr_manifest
 from common.params import get_shared, set_shared

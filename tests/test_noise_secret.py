@@ -14,11 +14,12 @@ import sqlite3
 import numpy as np
 import pytest
 
-from common.config import ExperimentConfig
-from common.run_config import ENV, serverapp_config, site_config, site_run_config, write_serverapp_config
+from common.config.experiment import ExperimentConfig
+from common.config.run import ENV, serverapp_config, site_config, site_run_config, write_serverapp_config
 from common.seeding import stable_seed
-from server.app import RoundReporter, run_noise_secret, strategy_settings
-from server.resume import CHECKPOINT, load_server_checkpoint
+from server.checkpoint import CHECKPOINT, load_server_checkpoint
+from server.reporting import RoundReporter
+from server.run_setup import run_noise_secret, strategy_settings
 from server.strategy import FedReIDStrategy, RoundRecord
 from tests.conftest import tiny_config
 from tests.fakes import fit_res, manager_of, named_results, packed, unpacked

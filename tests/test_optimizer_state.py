@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-import client.fedfr_client as fc
-import client.numpy_client as nc
-from client.fedfr_client import FedFRClient
-from client.fedfr_state import load_fedfr_state
+import client.fedfr.client as fc
+import client.fedreid.client as nc
+from client.fedfr.client import FedFRClient
+from client.fedfr.state import load_fedfr_state
 from client.state import load_state
 from common.models.builder import expected_manifest
 from common.models.fedfr import expected_fedfr_manifest

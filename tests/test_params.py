@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from common.config import ExperimentConfig
+from common.config.experiment import ExperimentConfig
 from common.models.builder import expected_manifest, model_for
 from common.params import (
     Manifest,

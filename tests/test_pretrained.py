@@ -11,12 +11,12 @@ import pytest
 import torch
 from torchvision import models
 
-from common.compose import compose_experiment
+from common.config.compose import compose_experiment
 from common.models.builder import expected_manifest, initial_model
 from common.models.pretrained import IMAGENET_WEIGHTS, PretrainedWeightsError
 from common.params import get_shared
-from server.app import RoundReporter
-from server.main import check_initial_weights
+from server.fedreid.checks import check_initial_weights
+from server.reporting import RoundReporter
 from server.strategy import RoundRecord
 from tests.conftest import tiny_config
 

@@ -4,7 +4,7 @@ import warnings
 
 from PIL import Image
 
-from server.report import MetricsLog
+from server.metrics_log import MetricsLog
 
 
 def _plot(tmp_path, rows):

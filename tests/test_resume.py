@@ -14,16 +14,15 @@ import common.checkpoint as ckpt_mod
 from client.state import PREV_FILE, STATE_FILE, SiteState, load_state, save_state
 from common.checkpoint import save_global_checkpoint, torch_load
 from server.aggregate import average
-from server.resume import (
+from server.checkpoint import (
     CHECKPOINT,
     ServerCheckpoint,
-    announce_resume,
     capture_rng,
     load_server_checkpoint,
     restore_rng,
-    resume_config,
     save_server_checkpoint,
 )
+from server.resume import announce_resume, resume_config
 from server.strategy import FedReIDStrategy
 from tests.conftest import tiny_config
 from tests.fakes import named_results, packed, unpacked

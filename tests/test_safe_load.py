@@ -16,12 +16,12 @@ import numpy as np
 import pytest
 import torch
 
-from client.fedfr_state import FedFRSiteState, load_fedfr_state, save_fedfr_state
+from client.fedfr.state import FedFRSiteState, load_fedfr_state, save_fedfr_state
 from client.state import STATE_FILE, SiteState, load_state, save_state
 from common.checkpoint import UnsafeCheckpointError, atomic_torch_save, to_plain, torch_load
-from server import fedeval
 from server import main as fedserver
-from server.resume import CHECKPOINT
+from server.checkpoint import CHECKPOINT
+from server.fedreid import fedeval as fedreid_fedeval
 
 
 class _RunsCode:
@@ -77,7 +77,7 @@ def test_fedeval_refuses_a_crafted_checkpoint(tmp_path):
     marker = tmp_path / "pwned"
     path = craft(tmp_path / "global_final.pt", marker, round=1, config={})
     with pytest.raises(SystemExit) as e:
-        fedeval.load_embedding(path, torch.device("cpu"))
+        fedreid_fedeval.load_embedding(path, torch.device("cpu"))
     msg = str(e.value.code)
     assert msg.startswith("fedeval: ") and str(path) in msg and "refused to load" in msg
     assert not marker.exists()

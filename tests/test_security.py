@@ -20,7 +20,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 
 from client.keygen import keygen_main
 from common import processes, security
-from common.compose import compose_experiment
+from common.config.compose import compose_experiment
 from server.admin import certs_main, register_site_keys, register_site_main, site_key_files
 from server.main import build_superlink_cmd
 from tests.procutil import processes_mentioning

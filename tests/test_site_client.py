@@ -4,8 +4,9 @@ import numpy as np
 import pytest
 import torch
 
-import client.numpy_client as nc
-from client.numpy_client import FedReIDClient, SiteSettings
+import client.fedreid.client as nc
+from client.fedreid.client import FedReIDClient
+from client.site_settings import SiteSettings
 from client.state import load_state
 from common.models.builder import expected_manifest, model_for
 from common.params import get_shared
@@ -107,7 +108,7 @@ def test_no_expert_baseline_trains_without_one(tiny_site, tmp_path, monkeypatch)
 
 
 def test_learning_rate_steps_down_every_40_rounds():
-    from client.train import make_optimizer, set_round_lr
+    from client.fedreid.train import make_optimizer, set_round_lr
 
     m = model_for(tiny_config(), 3)
     opt = make_optimizer(m, lr_embedding=0.01, lr_head=0.1, momentum=0.9, nesterov=True, weight_decay=5e-4)

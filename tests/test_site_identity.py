@@ -6,9 +6,9 @@ import logging
 import numpy as np
 import pytest
 
-from client.build import site_settings
 from client.main import main as fedclient_main
-from common.compose import load_site
+from client.site_settings import site_settings
+from common.config.compose import load_site
 from server.sites import SiteRoster, load_site_nodes, write_site_nodes
 from server.strategy import FedReIDStrategy
 from tests.conftest import tiny_config

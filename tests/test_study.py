@@ -8,7 +8,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from server.app import summarize_sites
+from server.reporting import summarize_sites
 from server.study import load_study, main, run_command
 from server.study_results import final_metrics, flatten, markdown_table, summarize
 

@@ -12,8 +12,8 @@ import pytest
 
 from client.virtual_site import is_virtual, virtual_node_config
 from common import processes
-from common.compose import compose_experiment
-from common.engine_config import VirtualSiteConfig
+from common.config.compose import compose_experiment
+from common.config.engine import VirtualSiteConfig
 from tests.conftest import tiny_config
 
 

@@ -13,7 +13,7 @@ from flwr.common import Context, FitIns, ndarrays_to_parameters, parameters_to_n
 from flwr.server import ServerApp, ServerAppComponents, ServerConfig
 from flwr.server.strategy import FedAvg
 
-from common.config import ExperimentConfig
+from common.config.experiment import ExperimentConfig
 from common.models.builder import expected_manifest
 from common.params import packed_nbytes
 

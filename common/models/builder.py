@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import torch
 
-from common.config import ExperimentConfig
+from common.config.experiment import ExperimentConfig
+from common.config.modes import mode_of
 from common.models.pretrained import init_embedding
 from common.models.reid import ReIDModel, build_model
-from common.modes import mode_of
 from common.params import Manifest, shared_manifest
 
 
@@ -16,7 +16,7 @@ def model_for(cfg: ExperimentConfig, num_classes: int) -> ReIDModel:
 
     In a common-head mode (``fedavg``) every site uses the common head of
     ``strategy.fedavg_num_classes`` logits (the head is averaged too, so it must have one shape
-    everywhere); a site's labels are offset into it (common/modes.py).
+    everywhere); a site's labels are offset into it (common/config/modes.py).
     """
     m = cfg.model
     if mode_of(cfg.strategy.mode).common_head:

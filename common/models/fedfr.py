@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from common.fedfr_config import FedFRConfig
+from common.config.fedfr import FedFRConfig
 from common.losses.margin_bce import sphereface2_bias_init
 from common.models.dfc import DFC
 from common.models.face import build_face_backbone

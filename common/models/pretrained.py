@@ -24,7 +24,7 @@ import torch
 from torch import nn
 from torchvision import models
 
-from common.config import normalize_pretrained
+from common.config.experiment import normalize_pretrained
 
 log = logging.getLogger("fedserver")
 

@@ -8,9 +8,9 @@ from typing import Any
 
 import yaml
 
-from common.config import ExperimentConfig, check_site_name
+from common.config.experiment import ExperimentConfig, check_site_name
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def conf_dir() -> Path:

@@ -1,4 +1,4 @@
-"""The FedAvg baseline with one logit per real identity (common/modes.py, ``strategy=fedavg``).
+"""The FedAvg baseline with one logit per real identity (common/config/modes.py, ``strategy=fedavg``).
 
 FedAvg averages every parameter, so the head is common to all sites. With each site's labels
 0..Z_i-1 identity 0 of Market-1501 and identity 0 of DukeMTMC would share a logit; the paper's
@@ -19,7 +19,7 @@ from flwr.common import FitIns, GetPropertiesIns, Parameters
 from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 
-from common.modes import label_offsets
+from common.config.modes import label_offsets
 from server.strategy import FedReIDStrategy
 
 log = logging.getLogger("fedserver")

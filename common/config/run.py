@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from common.config import ExperimentConfig
+from common.config.experiment import ExperimentConfig
 
 ENV = "FEDREID_SERVERAPP_CONFIG"
 FILE = "serverapp_config.json"

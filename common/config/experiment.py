@@ -3,7 +3,7 @@
 Hydra composes ``conf/config.yaml`` with the chosen groups and command-line overrides into a
 plain dict; ``ExperimentConfig.from_dict`` turns it into these dataclasses and checks every
 value. The dict (not the objects) travels: the sites get ``site_view()`` as Flower's run config,
-the ServerApp reads the whole dict from a file on the coordinator (``common/run_config.py``).
+the ServerApp reads the whole dict from a file on the coordinator (``common/config/run.py``).
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from common.engine_config import EngineConfig, build_virtual_sites
-from common.fedfr_config import FedFRConfig
-from common.modes import MODES
+from common.config.engine import EngineConfig, build_virtual_sites
+from common.config.fedfr import FedFRConfig
+from common.config.modes import MODES
 
 SITE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")  # a site name is also a file name: no path
 SAMPLINGS = ("paper", "public")  # strategy.sampling (issue 11, item 4)
@@ -85,7 +85,7 @@ class TrainConfig:
 @dataclass
 class StrategyConfig:
     # fedreid | fedavg (all parameters, one common head) | local (each site alone, no expert) |
-    # local_expert (each site alone with its local expert); common/modes.py has the table
+    # local_expert (each site alone with its local expert); common/config/modes.py has the table
     mode: str = "fedreid"
     fraction: float = 1.0  # S: ceil(S*N) sites per round
     min_fit_sites: int = 1  # fewer valid replies than this: the round keeps the previous model

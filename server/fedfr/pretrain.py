@@ -24,10 +24,10 @@ import torch
 from torch.utils.data import DataLoader
 
 from common.checkpoint import atomic_torch_save, torch_load
-from common.config import ExperimentConfig
+from common.config.experiment import ExperimentConfig
+from common.config.fedfr import FedFRConfig
 from common.datasets.face_folder import FaceFolder
 from common.datasets.face_images import FaceImages, face_transform
-from common.fedfr_config import FedFRConfig
 from common.losses.cosface import CosFaceLoss
 from common.models.fedfr import FedFRModel, fedfr_model
 from common.seeding import seed_everything, stable_seed

@@ -59,7 +59,7 @@ def train_round(
     ``loader`` yields (view_a, view_b, pid, camid): the client model sees view_a and the expert
     view_b of the same images (separate random augmentation). Without an expert: L = L^C.
     ``label_offset``: a common head (fedavg baseline) holds the site's identities at logits
-    offset..offset+Z_i-1 (common/modes.py).
+    offset..offset+Z_i-1 (common/config/modes.py).
     """
     model.train().to(device)
     if expert is not None:

@@ -5,10 +5,10 @@
    small IJB-C-style benchmark of other identities;
 2. ``fedserver experiment=fedfr-demo fedfr.stage=pretrain``: the generic model Theta_g^0, Phi_g;
 3. ``fedserver experiment=fedfr-demo`` and one ``fedclient --site faceN`` per site on loopback;
-4. the FedFR evaluation (``server.fedfr_eval.fedfr_eval_main``): generic (IJB-C style) and
+4. the FedFR evaluation (``server.fedfr.evaluate.fedfr_eval_main``): generic (IJB-C style) and
    personalised tables in the run folder.
 
-    python -m server.sim_fedfr [--out runs/fedfr-demo] [--sites face1 face2 face3 face4 | --sites N]
+    python -m server.fedfr.demo [--out runs/fedfr-demo] [--sites face1 face2 face3 face4 | --sites N]
                                [--engine deployment|simulation] [HYDRA_OVERRIDES...]
 
 ``--engine simulation`` runs step 3 on Flower's simulation engine (virtual sites in Ray workers,
@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 from common import processes
-from common.compose import REPO_ROOT, compose_experiment
+from common.config.compose import REPO_ROOT, compose_experiment
 from common.datasets import face_split, synthetic_faces
 from common.datasets.face_split import plan_split, read_identities, write_split
 from common.datasets.fingerprint import MARKER, data_fingerprint, is_current, mark_complete
@@ -71,7 +71,7 @@ def write_data(data: Path, sites: list[str], a: argparse.Namespace) -> dict[str,
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m server.sim_fedfr", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m server.fedfr.demo", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default="runs/fedfr-demo", help="run folder (data/, state/, logs, outputs)")
     p.add_argument("--sites", nargs="+", default=["face1", "face2", "face3", "face4"],
@@ -143,7 +143,7 @@ def main(argv: list[str] | None = None) -> None:
     if code != 0:
         sys.exit(code)
     print(f"sim_fedfr: federated training done ({time.time() - t0:.0f}s); evaluating", flush=True)
-    from server.fedfr_eval import fedfr_eval_main
+    from server.fedfr.evaluate import fedfr_eval_main
 
     code = fedfr_eval_main(compose_experiment(common_overrides))
     summarize(out)

@@ -1,15 +1,33 @@
-"""The site of a run, built from the operator's node config and the run's experiment config.
-
-One function for every way a site runs: inside a per-message ClientApp (the simulation engine,
-``--no-site-process``, unit tests) and inside the long-lived site process (``client/site_process.py``).
-"""
+"""What a site operator configures (the node config of ``flower-supernode``), never sent anywhere:
+one typed :class:`SiteSettings` read from the node config, and the device it names. Both tasks use it."""
 
 from __future__ import annotations
 
-from flwr.client import NumPyClient
+from dataclasses import dataclass
 
-from client.numpy_client import FedReIDClient, SiteSettings
-from common.config import ExperimentConfig, check_site_name
+import torch
+
+from common.config.experiment import check_site_name
+
+
+@dataclass
+class SiteSettings:
+    """What a site operator configures (node config), never sent anywhere."""
+
+    site: str
+    data_root: str
+    reader: str = "market1501"
+    state_dir: str = ""
+    device: str = "cpu"
+    fault: str = ""  # fault injection for tests only (client/faults.py); empty on a real site
+    hold_state: bool = False  # a long-lived site process: keep the last state in memory, write it off the reply's path
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
 
 
 def site_settings(node_config: dict) -> SiteSettings:
@@ -26,12 +44,3 @@ def site_settings(node_config: dict) -> SiteSettings:
         fault=str(node_config.get("fault", "")),  # tests only: client/faults.py
         hold_state=str(node_config.get("hold-state", "")).lower() == "true",  # set by the site process
     )
-
-
-def build_site(cfg: ExperimentConfig, node_config: dict) -> NumPyClient:
-    """The FedReID site, or the FedFR site (seed 001) of the same NumPyClient family."""
-    if cfg.task == "fedfr":
-        from client.fedfr_client import FedFRClient
-
-        return FedFRClient(cfg, site_settings(node_config), public_root=str(node_config.get("public-root", "")))
-    return FedReIDClient(cfg, site_settings(node_config))

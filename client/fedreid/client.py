@@ -13,7 +13,6 @@ import copy
 import json
 import logging
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -22,41 +21,23 @@ from flwr.client import NumPyClient
 from torch.utils.data import DataLoader
 
 from client.faults import parse_fault
+from client.fedreid.train import make_optimizer, set_round_lr, train_round
 from client.held_state import HeldState
 from client.run_end import record_round
+from client.site_settings import SiteSettings, resolve_device
 from client.state import SiteState, load_state, save_state
-from client.train import make_optimizer, set_round_lr, train_round
-from common.config import ExperimentConfig
+from common.config.experiment import ExperimentConfig
+from common.config.modes import mode_of
 from common.datasets import build_reader
 from common.datasets.image_dataset import ImageDataset
 from common.datasets.transforms import train_transform
 from common.models.builder import expected_manifest, model_for
 from common.models.reid import ReIDModel
-from common.modes import mode_of
 from common.params import from_wire, get_shared, set_shared, to_wire
 from common.processes import process_age_s
 from common.seeding import seed_everything, stable_seed
 
 log = logging.getLogger("fedclient")
-
-
-@dataclass
-class SiteSettings:
-    """What a site operator configures (node config), never sent anywhere."""
-
-    site: str
-    data_root: str
-    reader: str = "market1501"
-    state_dir: str = ""
-    device: str = "cpu"
-    fault: str = ""  # fault injection for tests only (client/faults.py); empty on a real site
-    hold_state: bool = False  # a long-lived site process: keep the last state in memory, write it off the reply's path
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
 
 
 class FedReIDClient(NumPyClient):
@@ -80,7 +61,7 @@ class FedReIDClient(NumPyClient):
 
     def get_properties(self, config):
         """Who this site is (the coordinator names every new node by it, server/sites.py) and how many
-        training identities it has (the census of a common-head baseline, server/fedavg_strategy.py;
+        training identities it has (the census of a common-head baseline, server/fedreid/fedavg_strategy.py;
         nothing else about its data)."""
         return {"site": self.s.site, "num_identities": int(self.num_classes)}
 
@@ -116,7 +97,7 @@ class FedReIDClient(NumPyClient):
             model.load_state_dict(st.model)  # Eq. (7): own head (and own integer buffers)
         self._set_start_point(model, parameters, st)
         expert = None
-        if self.mode.expert and self.cfg.train.local_expert:  # never in plain fedavg / local (common/modes.py)
+        if self.mode.expert and self.cfg.train.local_expert:  # never in plain fedavg / local (common/config/modes.py)
             # Eq. (10): the expert starts from this site's model at the end of its previous round.
             expert = model_for(self.cfg, self.num_classes)
             expert.load_state_dict(st.model if st is not None and st.model is not None else model.state_dict())
@@ -171,7 +152,7 @@ class FedReIDClient(NumPyClient):
 
     def _label_offset(self, config) -> int:
         """Common head (fedavg): this site's identity j is logit offset + j, the offset sent by the
-        coordinator from the sites' own counts (server/fedavg_strategy.py); 0 for an own head."""
+        coordinator from the sites' own counts (server/fedreid/fedavg_strategy.py); 0 for an own head."""
         if not self.mode.common_head:
             return 0
         offsets = json.loads(str(config.get("label_offsets", "{}")))

@@ -23,9 +23,9 @@ from torch.utils.data import DataLoader
 
 from common.datasets.base import Record
 from common.evaluation.face_features import embed_chunks
-from common.hard_negatives import select_hard_negatives
 from common.losses.contrastive import moon_contrastive_loss
 from common.losses.cosface import CosFaceLoss, balanced_cosface_loss
+from common.losses.hard_negatives import select_hard_negatives
 from common.losses.margin_bce import margin_bce_loss
 from common.models.fedfr import FedFRModel
 

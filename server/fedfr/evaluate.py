@@ -13,7 +13,7 @@ prints both tables and writes ``fedfr_eval.{json,md}`` and ``fedfr_eval_{generic
 into the run folder. Protocols: ``common.evaluation.fedfr_protocols``.
 
     fedeval task=fedfr run_dir=runs/fedfr-demo       (the run's config.json, written by fedserver)
-    python -m server.fedfr_eval run_dir=RUN [KEY=VALUE ...]   (the same; KEY=VALUE overrides it)
+    python -m server.fedfr.evaluate run_dir=RUN [KEY=VALUE ...]   (the same; KEY=VALUE overrides it)
 """
 
 from __future__ import annotations
@@ -31,9 +31,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from client.fedfr_state import load_fedfr_state
+from client.fedfr.state import load_fedfr_state
 from common.checkpoint import UnsafeCheckpointError, atomic_json_save, atomic_write_bytes, torch_load
-from common.config import ExperimentConfig
+from common.config.experiment import ExperimentConfig
+from common.config.fedfr import FedFRConfig
 from common.datasets.face_folder import FaceSite
 from common.datasets.ijbc import LANDMARKS_FILE
 from common.datasets.ijbc_images import IJBCImages
@@ -49,10 +50,9 @@ from common.evaluation.fedfr_protocols import (
     read_ijbc_meta,
     template_features,
 )
-from common.fedfr_config import FedFRConfig
 from common.models.fedfr import FedFRModel, expected_fedfr_manifest, fedfr_model
 from common.params import set_shared
-from server.fedfr_pretrain import load_pretrained, pretrained_path
+from server.fedfr.pretrain import load_pretrained, pretrained_path
 
 log = logging.getLogger("fedserver")
 
@@ -123,7 +123,7 @@ class EvalSite:
 
 
 def eval_sites(cfg: ExperimentConfig) -> list[EvalSite]:
-    from common.compose import load_site
+    from common.config.compose import load_site
 
     out = []
     for s in cfg.sites:
@@ -269,7 +269,7 @@ def run_config(args: list[str]) -> ExperimentConfig:
     """
     from omegaconf import OmegaConf
 
-    from common.compose import compose_experiment
+    from common.config.compose import compose_experiment
 
     run_dir = next((a.split("=", 1)[1] for a in args if a.startswith("run_dir=")), None)
     saved = Path(run_dir).expanduser() / "config.json" if run_dir else None

@@ -21,12 +21,12 @@ import torch
 from flwr.client import NumPyClient
 from torch.utils.data import DataLoader
 
-from client.fedfr_state import FedFRSiteState, load_fedfr_state, save_fedfr_state
-from client.fedfr_train import imprint, round_hard_negatives, round_learning_rate, train_local
+from client.fedfr.state import FedFRSiteState, load_fedfr_state, save_fedfr_state
+from client.fedfr.train import imprint, round_hard_negatives, round_learning_rate, train_local
 from client.held_state import HeldState
-from client.numpy_client import SiteSettings, resolve_device
 from client.run_end import record_round
-from common.config import ExperimentConfig
+from client.site_settings import SiteSettings, resolve_device
+from common.config.experiment import ExperimentConfig
 from common.datasets.face_folder import FaceFolder, FaceSite
 from common.datasets.face_images import FaceImages, face_transform
 from common.evaluation.face_features import embed

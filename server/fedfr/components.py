@@ -5,7 +5,7 @@ aggregates with :class:`FedFRStrategy` (Eq. 2/4) and reports every round with th
 ``RoundReporter`` as FedReID (metrics.json/csv, global_latest.pt / global_final.pt, status.json),
 evaluating the generic model on ``fedfr.ijbc_root`` when set. ``fedserver resume=RUN_DIR`` continues
 a FedFR run as it does a FedReID one (``server/resume.py``); the sites keep the state their
-replayed round starts from (``client/fedfr_state.py``).
+replayed round starts from (``client/fedfr/state.py``).
 """
 
 from __future__ import annotations
@@ -15,19 +15,20 @@ import logging
 import torch
 from flwr.server import ServerAppComponents
 
-from common.config import ExperimentConfig
+from common.config.experiment import ExperimentConfig
 from common.models.fedfr import expected_fedfr_manifest
 from common.params import get_shared
 from common.seeding import seed_everything
-from server.app import RoundReporter, resume_checkpoint, run_components, strategy_settings
-from server.fedfr_eval import GenericEvaluator
-from server.fedfr_pretrain import load_pretrained, pretrained_path
-from server.fedfr_strategy import FedFRStrategy
+from server.fedfr.evaluate import GenericEvaluator
+from server.fedfr.pretrain import load_pretrained, pretrained_path
+from server.fedfr.strategy import FedFRStrategy
+from server.reporting import RoundReporter
+from server.run_setup import resume_checkpoint, run_components, strategy_settings
 
 log = logging.getLogger("fedserver")
 
 
-def build_fedfr_components(cfg: ExperimentConfig) -> ServerAppComponents:
+def build_components(cfg: ExperimentConfig) -> ServerAppComponents:
     run_dir = cfg.resolved_run_dir()
     run_dir.mkdir(parents=True, exist_ok=True)
     seed_everything(cfg.seed)

@@ -1,0 +1,34 @@
+"""The tasks a site can run, by the experiment's ``task``: one line per task.
+
+Every way a site runs builds it here: inside a per-message ClientApp (the simulation engine,
+``--no-site-process``, unit tests) and inside the long-lived site process (``client/site_process.py``).
+A new task is a sub-package of ``client/`` with a ``NumPyClient`` and one entry in :data:`SITES`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from flwr.client import NumPyClient
+
+from client.fedfr.client import FedFRClient
+from client.fedreid.client import FedReIDClient
+from client.site_settings import site_settings
+from common.config.experiment import ExperimentConfig
+
+
+def _fedreid(cfg: ExperimentConfig, node_config: dict) -> NumPyClient:
+    return FedReIDClient(cfg, site_settings(node_config))
+
+
+def _fedfr(cfg: ExperimentConfig, node_config: dict) -> NumPyClient:  # seed 001: public data from the node config
+    return FedFRClient(cfg, site_settings(node_config), public_root=str(node_config.get("public-root", "")))
+
+
+# task -> (experiment config, the operator's node config) -> the site's NumPyClient
+SITES: dict[str, Callable[[ExperimentConfig, dict], NumPyClient]] = {"fedreid": _fedreid, "fedfr": _fedfr}
+
+
+def build_site(cfg: ExperimentConfig, node_config: dict) -> NumPyClient:
+    """The site of ``cfg.task`` (FedReID, or FedFR of the same NumPyClient family)."""
+    return SITES[cfg.task](cfg, node_config)
