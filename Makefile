@@ -30,8 +30,10 @@ demo: install
 test: install
 	$(BIN)/python -m pytest -q
 
-lint: install
-	$(BIN)/ruff check client server common tests benchmarks
+lint: install  ## ruff (rules in pyproject.toml), ruff format, and no import cycle between the project's modules
+	$(BIN)/ruff check client server common tests benchmarks .ci
+	$(BIN)/ruff format --check client server common tests benchmarks .ci
+	$(BIN)/python .ci/import_cycles.py
 
 bench: install
 	$(BIN)/python benchmarks/round_overhead.py

@@ -93,9 +93,7 @@ def main(argv: list[str]) -> int:
     root = Path(argv[0] if argv else Path(__file__).resolve().parent.parent)
     files = {module_name(root, p): p for pkg in PACKAGES for p in (root / pkg).rglob("*.py") if ".venv" not in p.parts}
     known = set(files)
-    graph = {
-        m: imported(ast.parse(p.read_text(), str(p)), m, p.name == "__init__.py", known) for m, p in files.items()
-    }
+    graph = {m: imported(ast.parse(p.read_text(), str(p)), m, p.name == "__init__.py", known) for m, p in files.items()}
     found = cycles(graph)
     for c in found:
         print("import cycle: " + " <-> ".join(c))

@@ -50,9 +50,7 @@ def make_ids(rng, num_q: int, num_g: int, num_ids: int, num_cams: int, distracto
 
 
 def match_counts(q_pids, g_pids, q_camids, g_camids) -> dict:
-    counts = np.array(
-        [np.count_nonzero((g_pids == p) & (g_camids != c)) for p, c in zip(q_pids, q_camids)]
-    )
+    counts = np.array([np.count_nonzero((g_pids == p) & (g_camids != c)) for p, c in zip(q_pids, q_camids)])
     return {
         "mean": round(float(counts.mean()), 2),
         "min": int(counts.min()),
@@ -190,22 +188,30 @@ def cold_child() -> dict:
     more = [timed(lambda: np.argsort(distmat, axis=1)) for _ in range(2)]
     argsort_best = min([argsort_first] + [w for w, _ in more])
     argsort_best_cpu = min([argsort_first_cpu] + [c for _, c in more])
-    return {"evaluate_rank_first_call_s": round(cold, 4), "argsort_first_call_s": round(argsort_first, 4),
-            "argsort_best_s": round(argsort_best, 4), "ratio_vs_argsort_best": round(cold / argsort_best, 3),
-            "ratio_vs_argsort_first_call": round(cold / argsort_first, 3),
-            "cpu_ratio_vs_argsort_best": round(cold_cpu / argsort_best_cpu, 3)}
+    return {
+        "evaluate_rank_first_call_s": round(cold, 4),
+        "argsort_first_call_s": round(argsort_first, 4),
+        "argsort_best_s": round(argsort_best, 4),
+        "ratio_vs_argsort_best": round(cold / argsort_best, 3),
+        "ratio_vs_argsort_first_call": round(cold / argsort_first, 3),
+        "cpu_ratio_vs_argsort_best": round(cold_cpu / argsort_best_cpu, 3),
+    }
 
 
 def market(skip_torchreid: bool, repeats: int) -> dict:
     child = subprocess.run([sys.executable, __file__, "--cold-child"], check=False, capture_output=True, text=True)
-    cold = json.loads(child.stdout.strip().splitlines()[-1]) if child.returncode == 0 else {
-        "error": child.stderr.strip()[-500:]}
+    cold = (
+        json.loads(child.stdout.strip().splitlines()[-1])
+        if child.returncode == 0
+        else {"error": child.stderr.strip()[-500:]}
+    )
     distmat, ids = market_problem()
     num_q, num_g = distmat.shape
     argsort_s, _ = best_of(lambda: np.argsort(distmat, axis=1), repeats)
     ours_s, ours = best_of(lambda: evaluate_rank(distmat, *ids, max_rank=50), repeats)
     cpu_ratio = best_cpu(lambda: evaluate_rank(distmat, *ids, max_rank=50), repeats) / best_cpu(
-        lambda: np.argsort(distmat, axis=1), repeats)
+        lambda: np.argsort(distmat, axis=1), repeats
+    )
     tracemalloc.start()
     evaluate_rank(distmat, *ids, max_rank=50)
     peak = tracemalloc.get_traced_memory()[1]
@@ -214,9 +220,12 @@ def market(skip_torchreid: bool, repeats: int) -> dict:
         "market_shape": [num_q, num_g],
         "true_matches_per_query": match_counts(*ids),
         "cold_fresh_process": cold,
-        f"best_of_{repeats}": {"argsort_s": round(argsort_s, 4), "evaluate_rank_s": round(ours_s, 4),
-                               "ratio_vs_argsort": round(ours_s / argsort_s, 3),
-                               "cpu_ratio_vs_argsort": round(cpu_ratio, 3)},
+        f"best_of_{repeats}": {
+            "argsort_s": round(argsort_s, 4),
+            "evaluate_rank_s": round(ours_s, 4),
+            "ratio_vs_argsort": round(ours_s / argsort_s, 3),
+            "cpu_ratio_vs_argsort": round(cpu_ratio, 3),
+        },
         "evaluate_rank_peak_mb": round(peak / 2**20, 1),
         "rank1": float(ours[0][0]),
         "mAP": ours[1],
@@ -296,9 +305,7 @@ def main() -> None:
     result = {"numpy": np.__version__, "cpu_count": os.cpu_count(), "load_average_1min": os.getloadavg()[0]}
     result.update(market(args.skip_torchreid, args.repeats))
     if not args.skip_msmt:
-        child = subprocess.run(
-            [sys.executable, __file__, "--msmt-child"], check=False, capture_output=True, text=True
-        )
+        child = subprocess.run([sys.executable, __file__, "--msmt-child"], check=False, capture_output=True, text=True)
         if child.returncode == 0:
             result["msmt_features"] = json.loads(child.stdout.strip().splitlines()[-1])
         else:

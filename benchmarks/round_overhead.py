@@ -37,11 +37,32 @@ MODES = ("floor", "site_process", "no_site_process")
 
 def run_mode(mode: str, out: Path, rounds: int, backbone: str, sites: int) -> dict:
     # --sites takes every name up to the next option: it comes first, the overrides after an option
-    cmd = [sys.executable, "-m", "server.sim", "--sites", *["market1501", "dukemtmc", "cuhk03", "msmt17"][:sites],
-           "--out", str(out), "--train-ids", "4", "--images-per-id", "4", "--target-ids", "3",
-           f"rounds={rounds}", f"model.backbone={backbone}", "model.pretrained=none", "model.height=32",
-           "model.width=16", "train.batch_size=4", "train.max_steps_per_epoch=1", "train.local_expert=false",
-           "train.threads=1", "eval.every=0", "round_timeout_s=1800"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "server.sim",
+        "--sites",
+        *["market1501", "dukemtmc", "cuhk03", "msmt17"][:sites],
+        "--out",
+        str(out),
+        "--train-ids",
+        "4",
+        "--images-per-id",
+        "4",
+        "--target-ids",
+        "3",
+        f"rounds={rounds}",
+        f"model.backbone={backbone}",
+        "model.pretrained=none",
+        "model.height=32",
+        "model.width=16",
+        "train.batch_size=4",
+        "train.max_steps_per_epoch=1",
+        "train.local_expert=false",
+        "train.threads=1",
+        "eval.every=0",
+        "round_timeout_s=1800",
+    ]
     if mode != "site_process":
         cmd.insert(3, "--no-site-process")  # before --sites' names
     if mode == "floor":
@@ -59,25 +80,33 @@ def run_mode(mode: str, out: Path, rounds: int, backbone: str, sites: int) -> di
         sites_m = list(r["sites"].values())
         slowest = max(float(s.get("train_seconds", 0.0)) for s in sites_m)
         clientapp = max(float(s.get("clientapp_seconds", 0.0)) for s in sites_m)
-        per_round.append({
-            "round": r["round"],
-            "round_wall_s": round(r["elapsed_s"] - prev_elapsed, 2),
-            "fit_wall_s": round(r["fit_seconds"], 2),
-            "slowest_site_train_s": round(slowest, 3),
-            "overhead_s": round(r["fit_seconds"] - slowest, 2),
-            "clientapp_s_max": round(clientapp, 2),
-            "clientapp_startup_s_max": round(max(float(s.get("startup_seconds", 0.0)) for s in sites_m), 2),
-            "bytes_moved": r["bytes_sent"] + r["bytes_received"],
-            "replied": len(sites_m),
-        })
+        per_round.append(
+            {
+                "round": r["round"],
+                "round_wall_s": round(r["elapsed_s"] - prev_elapsed, 2),
+                "fit_wall_s": round(r["fit_seconds"], 2),
+                "slowest_site_train_s": round(slowest, 3),
+                "overhead_s": round(r["fit_seconds"] - slowest, 2),
+                "clientapp_s_max": round(clientapp, 2),
+                "clientapp_startup_s_max": round(max(float(s.get("startup_seconds", 0.0)) for s in sites_m), 2),
+                "bytes_moved": r["bytes_sent"] + r["bytes_received"],
+                "replied": len(sites_m),
+            }
+        )
         prev_elapsed = r["elapsed_s"]
 
     def med(key: str) -> float:
         return round(statistics.median(p[key] for p in per_round), 2)
 
-    return {"median_overhead_s": med("overhead_s"), "median_round_wall_s": med("round_wall_s"),
-            "median_slowest_site_train_s": med("slowest_site_train_s"), "median_clientapp_s": med("clientapp_s_max"),
-            "bytes_per_round": per_round[0]["bytes_moved"], "total_wall_s": round(wall, 1), "per_round": per_round}
+    return {
+        "median_overhead_s": med("overhead_s"),
+        "median_round_wall_s": med("round_wall_s"),
+        "median_slowest_site_train_s": med("slowest_site_train_s"),
+        "median_clientapp_s": med("clientapp_s_max"),
+        "bytes_per_round": per_round[0]["bytes_moved"],
+        "total_wall_s": round(wall, 1),
+        "per_round": per_round,
+    }
 
 
 def serialisation_costs(backbone: str) -> dict:
@@ -103,8 +132,14 @@ def serialisation_costs(backbone: str) -> dict:
     t2 = time.perf_counter()
     hashlib.sha256(p.tensors[0]).hexdigest()
     t3 = time.perf_counter()
-    return {"packed_message_bytes": n, "serialise_s": round(t1 - t0, 3), "deserialise_s": round(t2 - t1, 3),
-            "sha256_s": round(t3 - t2, 3), "supernode_idle_poll_s": 3.0, "serverapp_reply_poll_s": 3.0}
+    return {
+        "packed_message_bytes": n,
+        "serialise_s": round(t1 - t0, 3),
+        "deserialise_s": round(t2 - t1, 3),
+        "sha256_s": round(t3 - t2, 3),
+        "supernode_idle_poll_s": 3.0,
+        "serverapp_reply_poll_s": 3.0,
+    }
 
 
 def main() -> None:
@@ -116,13 +151,20 @@ def main() -> None:
     ap.add_argument("--keep", help="keep the run folders under this folder (default: temporary, removed)")
     a = ap.parse_args()
     root = Path(a.keep) if a.keep else Path(tempfile.mkdtemp(prefix="round_overhead_"))
-    result = {"backbone": a.backbone, "sites": a.sites, "rounds": a.rounds,
-              "per_message_costs": serialisation_costs(a.backbone)}
+    result = {
+        "backbone": a.backbone,
+        "sites": a.sites,
+        "rounds": a.rounds,
+        "per_message_costs": serialisation_costs(a.backbone),
+    }
     try:
         for mode in a.modes:
             result[mode] = run_mode(mode, root / mode, a.rounds, a.backbone, a.sites)
-            print(f"round_overhead: {mode}: median overhead {result[mode]['median_overhead_s']} s per round",
-                  file=sys.stderr, flush=True)
+            print(
+                f"round_overhead: {mode}: median overhead {result[mode]['median_overhead_s']} s per round",
+                file=sys.stderr,
+                flush=True,
+            )
     finally:
         if not a.keep:
             shutil.rmtree(root, ignore_errors=True)

@@ -38,16 +38,25 @@ def resnet50_like(model_mb: float) -> Manifest:
     total = int(model_mb * 1e6 / 4)
     sizes = np.full(161, total // 161)
     sizes[0] += total - sizes.sum()
-    return Manifest(keys=tuple(f"embedding.t{i}" for i in range(161)), shapes=tuple((int(n),) for n in sizes),
-                    dtypes=("float32",) * 161)
+    return Manifest(
+        keys=tuple(f"embedding.t{i}" for i in range(161)),
+        shapes=tuple((int(n),) for n in sizes),
+        dtypes=("float32",) * 161,
+    )
 
 
 def one_round(manifest: Manifest, n_sites: int, beta: float) -> dict:
     sites = [f"site{i:03d}" for i in range(n_sites)]
     rng = np.random.default_rng(0)
     base = [rng.standard_normal(s).astype(np.float32) for s in manifest.shapes]
-    kwargs = {"manifest": manifest, "initial_arrays": base, "min_available_sites": n_sites, "beta": beta,
-              "wait_for_sites_s": 5, "seed": 0}
+    kwargs = {
+        "manifest": manifest,
+        "initial_arrays": base,
+        "min_available_sites": n_sites,
+        "beta": beta,
+        "wait_for_sites_s": 5,
+        "seed": 0,
+    }
     if "sites" in inspect.signature(FedReIDStrategy.__init__).parameters:
         kwargs["sites"] = sites
     strategy = FedReIDStrategy(**kwargs)
@@ -56,28 +65,33 @@ def one_round(manifest: Manifest, n_sites: int, beta: float) -> dict:
     cm = manager_of(sites)
     strategy.configure_fit(1, parameters, cm)  # names the nodes (not measured: a one-off)
     # the replies as they arrive: each site's own serialised bytes (the floor)
-    replies = {s: fit_res(s, [a + np.float32(0.001 * (i + 1)) for a in base])  # packed, as sites send them
-               for i, s in enumerate(sites)}
+    replies = {
+        s: fit_res(s, [a + np.float32(0.001 * (i + 1)) for a in base])  # packed, as sites send them
+        for i, s in enumerate(sites)
+    }
     replies_bytes = sum(len(t) for r in replies.values() for t in r.parameters.tensors)
     tracemalloc.start()
     t0 = time.perf_counter()
     instructions = strategy.configure_fit(2, parameters, cm)
     held, peak_configure = tracemalloc.get_traced_memory()  # held: the instructions, alive all round
     tracemalloc.reset_peak()
-    results = [(proxy, replies[s]) for proxy, _ in instructions
-               if (s := getattr(proxy, "site", None)) in replies]
+    results = [(proxy, replies[s]) for proxy, _ in instructions if (s := getattr(proxy, "site", None)) in replies]
     new, _ = strategy.aggregate_fit(2, results, [])
     seconds = time.perf_counter() - t0
     _, peak_aggregate = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     assert new is not None and len(results) == n_sites
     del instructions, results, new
-    return {"sites": n_sites, "model_mb": round(model_bytes / 1e6, 1), "replies_mb": round(replies_bytes / 1e6, 1),
-            "configure_fit_extra_copies": round(peak_configure / model_bytes, 2),
-            "aggregate_fit_extra_copies": round((peak_aggregate - held) / model_bytes, 2),
-            "round_extra_copies": round(max(peak_configure, peak_aggregate) / model_bytes, 2),
-            "round_peak_mb": round((replies_bytes + model_bytes + max(peak_configure, peak_aggregate)) / 1e6, 1),
-            "seconds": round(seconds, 2)}
+    return {
+        "sites": n_sites,
+        "model_mb": round(model_bytes / 1e6, 1),
+        "replies_mb": round(replies_bytes / 1e6, 1),
+        "configure_fit_extra_copies": round(peak_configure / model_bytes, 2),
+        "aggregate_fit_extra_copies": round((peak_aggregate - held) / model_bytes, 2),
+        "round_extra_copies": round(max(peak_configure, peak_aggregate) / model_bytes, 2),
+        "round_peak_mb": round((replies_bytes + model_bytes + max(peak_configure, peak_aggregate)) / 1e6, 1),
+        "seconds": round(seconds, 2),
+    }
 
 
 def main() -> None:
@@ -88,9 +102,19 @@ def main() -> None:
     a = ap.parse_args()
     manifest = resnet50_like(a.model_mb)
     rows = [one_round(manifest, n, a.beta) for n in a.sites]
-    print(json.dumps({"benchmark": "server_memory", "beta": a.beta, "machine": platform.machine(),
-                      "note": "extra_copies: memory the strategy allocates on top of the replies' bytes and the "
-                              "global parameters, in model copies (tracemalloc)", "rounds": rows}, indent=2))
+    print(
+        json.dumps(
+            {
+                "benchmark": "server_memory",
+                "beta": a.beta,
+                "machine": platform.machine(),
+                "note": "extra_copies: memory the strategy allocates on top of the replies' bytes and the "
+                "global parameters, in model copies (tracemalloc)",
+                "rounds": rows,
+            },
+            indent=2,
+        )
+    )
 
 
 if __name__ == "__main__":

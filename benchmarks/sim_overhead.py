@@ -34,9 +34,22 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-WORK = ["--train-ids", "4", "--images-per-id", "4", "--target-ids", "3", "model.height=32", "model.width=16",
-        "train.batch_size=4", "train.local_expert=false", "eval.every=0", "train.threads=1",
-        "wait_for_sites_s=300", "round_timeout_s=900"]
+WORK = [
+    "--train-ids",
+    "4",
+    "--images-per-id",
+    "4",
+    "--target-ids",
+    "3",
+    "model.height=32",
+    "model.width=16",
+    "train.batch_size=4",
+    "train.local_expert=false",
+    "eval.every=0",
+    "train.threads=1",
+    "wait_for_sites_s=300",
+    "round_timeout_s=900",
+]
 SIM = ["--engine", "simulation", "engine.num_cpus=1", "engine.object_store_fraction=0.05"]
 
 
@@ -91,19 +104,34 @@ class MemorySampler(threading.Thread):
             time.sleep(0.5)
 
 
-def one_run(name: str, out: Path, sites: int, engine: str, rounds: int, steps: int, timeout: float,
-            sample: bool = False) -> dict:
-    names = ["--sites", str(sites)] if engine == "simulation" else \
-        ["--sites", *["market1501", "dukemtmc", "cuhk03", "msmt17"][:sites]]
-    cmd = [sys.executable, "-m", "server.sim", "--out", str(out), *names, *WORK, f"rounds={rounds}",
-           f"train.max_steps_per_epoch={steps}", "--timeout", str(timeout),
-           *(SIM + [f"engine.ray_num_cpus={os.cpu_count()}"] if engine == "simulation" else [])]
+def one_run(
+    name: str, out: Path, sites: int, engine: str, rounds: int, steps: int, timeout: float, sample: bool = False
+) -> dict:
+    names = (
+        ["--sites", str(sites)]
+        if engine == "simulation"
+        else ["--sites", *["market1501", "dukemtmc", "cuhk03", "msmt17"][:sites]]
+    )
+    cmd = [
+        sys.executable,
+        "-m",
+        "server.sim",
+        "--out",
+        str(out),
+        *names,
+        *WORK,
+        f"rounds={rounds}",
+        f"train.max_steps_per_epoch={steps}",
+        "--timeout",
+        str(timeout),
+        *(SIM + [f"engine.ray_num_cpus={os.cpu_count()}"] if engine == "simulation" else []),
+    ]
     load = os.getloadavg()
     sampler = MemorySampler(out) if sample else None
     if sampler:
         sampler.start()
     t0 = time.time()
-    env = {**os.environ, "RAY_memory_monitor_refresh_ms": os.environ.get("RAY_memory_monitor_refresh_ms", "0")}
+    env = {**os.environ, "RAY_memory_monitor_refresh_ms": os.environ.get("RAY_memory_monitor_refresh_ms", "0")}  # noqa: SIM112 -- Ray's name
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout + 120, check=False, env=env)
     wall = time.time() - t0
     if sampler:
@@ -119,20 +147,33 @@ def one_run(name: str, out: Path, sites: int, engine: str, rounds: int, steps: i
         train = [s["train_seconds"] for s in r["sites"].values()]
         wall_r = r["elapsed_s"] - prev["elapsed_s"]
         work = max(sum(train) / cores, max(train))
-        per_round.append({"round": r["round"], "round_wall_s": round(wall_r, 2), "train_sum_s": round(sum(train), 2),
-                          "train_max_s": round(max(train), 2), "overhead_s": round(wall_r - work, 2),
-                          "overhead_share": round((wall_r - work) / wall_r, 3),
-                          "coordinator_rss_mb": r.get("server_rss_mb")})
+        per_round.append(
+            {
+                "round": r["round"],
+                "round_wall_s": round(wall_r, 2),
+                "train_sum_s": round(sum(train), 2),
+                "train_max_s": round(max(train), 2),
+                "overhead_s": round(wall_r - work, 2),
+                "overhead_share": round((wall_r - work) / wall_r, 3),
+                "coordinator_rss_mb": r.get("server_rss_mb"),
+            }
+        )
     # round 1 of the simulation also starts Ray and its workers: reported, left out of the medians
     steady = per_round[1:] if len(per_round) > 1 else per_round
-    res = {"engine": engine, "sites": sites, "rounds": rounds, "cores": os.cpu_count(),
-           "load_avg_before": [round(x, 1) for x in load], "total_wall_s": round(wall, 1),
-           "median_round_wall_s": statistics.median(p["round_wall_s"] for p in steady),
-           "median_train_sum_s": statistics.median(p["train_sum_s"] for p in steady),
-           "median_train_max_s": statistics.median(p["train_max_s"] for p in steady),
-           "median_overhead_s": statistics.median(p["overhead_s"] for p in steady),
-           "median_overhead_share": statistics.median(p["overhead_share"] for p in steady),
-           "per_round": per_round}
+    res = {
+        "engine": engine,
+        "sites": sites,
+        "rounds": rounds,
+        "cores": os.cpu_count(),
+        "load_avg_before": [round(x, 1) for x in load],
+        "total_wall_s": round(wall, 1),
+        "median_round_wall_s": statistics.median(p["round_wall_s"] for p in steady),
+        "median_train_sum_s": statistics.median(p["train_sum_s"] for p in steady),
+        "median_train_max_s": statistics.median(p["train_max_s"] for p in steady),
+        "median_overhead_s": statistics.median(p["overhead_s"] for p in steady),
+        "median_overhead_share": statistics.median(p["overhead_share"] for p in steady),
+        "per_round": per_round,
+    }
     if sampler:
         res["memory_per_round"] = sampler.rows
     return res
@@ -149,8 +190,12 @@ def main() -> None:
     ap.add_argument("--keep", help="keep the run folders here (default: a temporary folder, removed)")
     a = ap.parse_args()
     root = Path(a.keep) if a.keep else Path(tempfile.mkdtemp(prefix="sim_overhead_"))
-    plan = {"sim4": (4, "simulation", a.rounds, False), "sim10": (10, "simulation", a.rounds, False),
-            "dep4": (4, "deployment", a.rounds, False), "sim40": (a.mem_sites, "simulation", a.mem_rounds, True)}
+    plan = {
+        "sim4": (4, "simulation", a.rounds, False),
+        "sim10": (10, "simulation", a.rounds, False),
+        "dep4": (4, "deployment", a.rounds, False),
+        "sim40": (a.mem_sites, "simulation", a.mem_rounds, True),
+    }
     results = {}
     try:
         for name in a.only.split(","):
@@ -161,8 +206,9 @@ def main() -> None:
         if not a.keep:
             shutil.rmtree(root, ignore_errors=True)
     if "sim4" in results and "dep4" in results:
-        results["sim4_overhead_over_dep4"] = round(results["sim4"]["median_overhead_s"]
-                                                   / results["dep4"]["median_overhead_s"], 3)
+        results["sim4_overhead_over_dep4"] = round(
+            results["sim4"]["median_overhead_s"] / results["dep4"]["median_overhead_s"], 3
+        )
     print(json.dumps(results, indent=2))
 
 

@@ -44,8 +44,8 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tests.federation import Federation  # the fault tests' harness: bounded waits, reaping
-from tests.procutil import processes_mentioning
+from tests.federation import Federation  # noqa: E402 -- the fault tests' harness: bounded waits, reaping
+from tests.procutil import processes_mentioning  # noqa: E402
 
 SITES = ["market1501", "dukemtmc", "cuhk03", "msmt17"]
 
@@ -93,8 +93,13 @@ def main() -> None:
     ap.add_argument("--round-timeout", type=int, default=240)
     ap.add_argument("--max-restarts", type=int, default=5, help="coordinator resumes before giving up")
     ap.add_argument("--keep", help="keep the run folder here (default: a temporary folder, removed)")
-    ap.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
-                    help="environment of every process of the federation, e.g. MALLOC_ARENA_MAX=2")
+    ap.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="environment of every process of the federation, e.g. MALLOC_ARENA_MAX=2",
+    )
     a = ap.parse_args()
     for item in a.env:
         key, sep, value = item.partition("=")
@@ -102,8 +107,12 @@ def main() -> None:
             ap.error(f"--env expects KEY=VALUE, found {item!r}")
         os.environ[key] = value  # inherited by fedserver, the SuperLink, the ServerApp and the sites
     root = Path(a.keep) if a.keep else Path(tempfile.mkdtemp(prefix="soak_"))
-    over = [f"rounds={a.rounds}", "strategy.min_fit_sites=1", f"round_timeout_s={a.round_timeout}",
-            "train.local_expert=false"]
+    over = [
+        f"rounds={a.rounds}",
+        "strategy.min_fit_sites=1",
+        f"round_timeout_s={a.round_timeout}",
+        "train.local_expert=false",
+    ]
     t0 = time.time()
     kills, restarts = [], []
     # one {round: MB} per SuperLink process (a new one after each coordinator restart)
@@ -148,14 +157,21 @@ def main() -> None:
         rows = [r for r in fed.metrics() if r["round"] > 0]
         # segments of the ServerApp's own end-of-round RSS, split at the coordinator restarts
         cuts = [r["after_round"] for r in restarts]
-        server_rss = [{r["round"]: r.get("server_rss_mb") for r in rows
-                       if (i == 0 or r["round"] > cuts[i - 1]) and (i == len(cuts) or r["round"] <= cuts[i])}
-                      for i in range(len(cuts) + 1)]
+        server_rss = [
+            {
+                r["round"]: r.get("server_rss_mb")
+                for r in rows
+                if (i == 0 or r["round"] > cuts[i - 1]) and (i == len(cuts) or r["round"] <= cuts[i])
+            }
+            for i in range(len(cuts) + 1)
+        ]
         superlink_rss = [{r: v for r, v in seg.items() if r <= a.rounds} for seg in superlink_rss]
         final_path = fed.run_dir / "global_final.pt"
         finite = bool(final_path.is_file() and all(torch.isfinite(v).all() for v in fed.final_arrays().values()))
         db = fed.run_dir / "superlink.db"
-        db_mb = round(sum(p.stat().st_size for p in fed.run_dir.glob("superlink.db*")) / 1e6, 2) if db.exists() else None
+        db_mb = (
+            round(sum(p.stat().st_size for p in fed.run_dir.glob("superlink.db*")) / 1e6, 2) if db.exists() else None
+        )
         states = {s: (fed.site_state(s) or {}).get("rounds_trained") for s in SITES}
     all_server = {r: v for seg in server_rss for r, v in seg.items()}
     windows = ((5, 15), (a.rounds - 10, a.rounds))  # after start-up vs the last 11 rounds
@@ -180,12 +196,14 @@ def main() -> None:
         "serverapp_rss_mb_round1": all_server.get(1),
         f"serverapp_rss_mb_round{last}": all_server.get(last),
         # per process, rounds >= 5 of the first process (start-up allocations settle in the first rounds)
-        "serverapp_rss_slope_mb_per_round": [round(slope({r: v for r, v in seg.items() if i or r >= 5}), 3)
-                                             for i, seg in enumerate(server_rss)],
+        "serverapp_rss_slope_mb_per_round": [
+            round(slope({r: v for r, v in seg.items() if i or r >= 5}), 3) for i, seg in enumerate(server_rss)
+        ],
         "superlink_rss_mb_round1": all_superlink.get(1),
         f"superlink_rss_mb_round{last}": all_superlink.get(last),
-        "superlink_rss_slope_mb_per_round": [round(slope({r: v for r, v in seg.items() if i or r >= 5}), 3)
-                                             for i, seg in enumerate(superlink_rss)],
+        "superlink_rss_slope_mb_per_round": [
+            round(slope({r: v for r, v in seg.items() if i or r >= 5}), 3) for i, seg in enumerate(superlink_rss)
+        ],
         **means,
         "superlink_state_file_mb": db_mb,
         "final_model_finite": finite,

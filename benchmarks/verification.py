@@ -96,10 +96,7 @@ def bench_tar_at_far(side: int, dim: int, n_genuine: int, block_rows: int, seed:
     kth = sorted({n - 1 - allowed_false_accepts(a, n) for a in DEFAULT_FAR_TARGETS})
     part = np.partition(flat, kth)
     ref_s = time.perf_counter() - ref_start
-    exact = all(
-        points[a].threshold == float(part[n - 1 - allowed_false_accepts(a, n)])
-        for a in DEFAULT_FAR_TARGETS
-    )
+    exact = all(points[a].threshold == float(part[n - 1 - allowed_false_accepts(a, n)]) for a in DEFAULT_FAR_TARGETS)
     return {
         "num_impostor": n,
         "num_genuine": n_genuine,
@@ -111,8 +108,7 @@ def bench_tar_at_far(side: int, dim: int, n_genuine: int, block_rows: int, seed:
         "np_partition_reference_s": round(ref_s, 3),
         "exact_match_np_partition": exact,
         "operating_points": {
-            f"{a:g}": {"tar": p.tar, "far": p.far, "threshold": p.threshold}
-            for a, p in points.items()
+            f"{a:g}": {"tar": p.tar, "far": p.far, "threshold": p.threshold} for a, p in points.items()
         },
     }
 

@@ -151,8 +151,14 @@ def connect(path: str | Path, wait_s: float = 0.0) -> socket.socket:
                 os.close(fd)
 
 
-def request(path: str | Path, header: dict, arrays: list[np.ndarray] = (), *, connect_wait_s: float = 0.0,
-            timeout_s: float | None = None) -> tuple[dict, list[np.ndarray]]:
+def request(
+    path: str | Path,
+    header: dict,
+    arrays: list[np.ndarray] = (),
+    *,
+    connect_wait_s: float = 0.0,
+    timeout_s: float | None = None,
+) -> tuple[dict, list[np.ndarray]]:
     """One request/reply exchange with the site process at ``path``."""
     with connect(path, connect_wait_s) as sock:
         sock.settimeout(timeout_s)

@@ -85,6 +85,8 @@ def parse_fault(spec: str) -> Fault | None:
             raise ValueError(f"{kind} takes no argument")
         picked = frozenset(int(r) for r in rounds.split(",")) if rounds else None
     except ValueError as e:
-        raise ValueError(f"fault {spec!r}: {e}; expected KIND[@ROUNDS] with KIND one of nan, shape, dtype, count, "
-                         "sleep:SECONDS, scale:FACTOR and ROUNDS like 2 or 1,3") from None
+        raise ValueError(
+            f"fault {spec!r}: {e}; expected KIND[@ROUNDS] with KIND one of nan, shape, dtype, count, "
+            "sleep:SECONDS, scale:FACTOR and ROUNDS like 2 or 1,3"
+        ) from None
     return Fault(kind, seconds, picked)

@@ -40,7 +40,8 @@ class ForwardingClient(NumPyClient):
         except ChannelError as e:
             raise SiteProcessError(
                 f"site {self.site}: no reply from its site process ({e}); fedclient restarts it from its state "
-                "file and the site rejoins the next round") from None
+                "file and the site rejoins the next round"
+            ) from None
         if not reply.get("ok"):
             raise SiteProcessError(f"site {self.site}: {reply.get('error', 'the site process failed the round')}")
         return reply, out
@@ -58,6 +59,11 @@ class ForwardingClient(NumPyClient):
         forward = time.perf_counter() - t0
         metrics = dict(reply.get("metrics", {}))
         handled = float(reply.get("handled_seconds", 0.0))  # the site process's own time for the round
-        metrics.update({"startup_seconds": startup, "forward_seconds": forward,
-                        "clientapp_seconds": startup + max(0.0, forward - handled)})
+        metrics.update(
+            {
+                "startup_seconds": startup,
+                "forward_seconds": forward,
+                "clientapp_seconds": startup + max(0.0, forward - handled),
+            }
+        )
         return arrays, int(reply["num_examples"]), metrics

@@ -19,12 +19,16 @@ DEFAULT_OUT = "~/.fedreid/keys"
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="fedclient keygen", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="fedclient keygen", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--site", required=True, help="site name (conf/site/<site>.yaml)")
     p.add_argument("--out", default=DEFAULT_OUT, help="folder for <site>.key and <site>.pub (default %(default)s)")
-    p.add_argument("--force", action="store_true", help="replace an existing key (the old one must then be "
-                                                        "unregistered and the new one registered)")
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="replace an existing key (the old one must then be unregistered and the new one registered)",
+    )
     return p
 
 
@@ -38,8 +42,11 @@ def keygen_main(argv: list[str]) -> int:
 
     known = site_names()
     if a.site not in known:
-        print(f"fedclient keygen: WARNING: site {a.site!r} has no conf/site/{a.site}.yaml (configured: {known}); "
-              "`fedclient --site` will need one", file=sys.stderr)
+        print(
+            f"fedclient keygen: WARNING: site {a.site!r} has no conf/site/{a.site}.yaml (configured: {known}); "
+            "`fedclient --site` will need one",
+            file=sys.stderr,
+        )
     out = Path(a.out).expanduser().resolve()
     try:
         priv, pub = security.write_site_keys(out, a.site, force=a.force)

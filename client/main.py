@@ -42,51 +42,88 @@ A site key for node authentication: `fedclient keygen --site NAME` (then --auth-
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="fedclient", description=DESCRIPTION,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="fedclient", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--site", required=True, help=f"site name, one of conf/site/*.yaml: {', '.join(site_names())}")
     p.add_argument("--superlink", default="127.0.0.1:9092", help="coordinator address HOST:PORT (default %(default)s)")
     p.add_argument("--data-root", help="folder of this site's dataset (default: data_root of the site config)")
     p.add_argument("--reader", help=f"dataset reader (default: the site config's); one of {sorted(READERS)}")
-    p.add_argument("--state-dir", help="folder for the site's private state: head, expert, optimizer (default: site config)")
-    p.add_argument("--device", default="cpu", help="torch device for local training: cpu, cuda, cuda:1, auto (default %(default)s)")
+    p.add_argument(
+        "--state-dir", help="folder for the site's private state: head, expert, optimizer (default: site config)"
+    )
+    p.add_argument(
+        "--device", default="cpu", help="torch device for local training: cpu, cuda, cuda:1, auto (default %(default)s)"
+    )
     sec = p.add_mutually_exclusive_group()
     sec.add_argument("--root-certificates", help="CA certificate (PEM) to verify the coordinator's TLS certificate")
     sec.add_argument("--insecure", action="store_true", help="plain-text HTTP (prints a warning)")
     p.add_argument("--auth-key", help="private key file of this site (node authentication), see the README")
     p.add_argument("--port", type=int, default=9094, help="local ClientAppIO port of the SuperNode (unique per host)")
-    p.add_argument("--max-retries", type=int, default=20, help="reconnect attempts before giving up (default %(default)s)")
-    p.add_argument("--max-wait-time", type=float, default=300.0,
-                   help="seconds to keep trying to reach the SuperLink before giving up (default %(default)s)")
-    p.add_argument("--public-root", help="FedFR: this site's copy of the public face data (default: the site "
-                                         "config's public_root, else the run's fedfr.public_root)")
+    p.add_argument(
+        "--max-retries", type=int, default=20, help="reconnect attempts before giving up (default %(default)s)"
+    )
+    p.add_argument(
+        "--max-wait-time",
+        type=float,
+        default=300.0,
+        help="seconds to keep trying to reach the SuperLink before giving up (default %(default)s)",
+    )
+    p.add_argument(
+        "--public-root",
+        help="FedFR: this site's copy of the public face data (default: the site "
+        "config's public_root, else the run's fedfr.public_root)",
+    )
     p.add_argument("--flwr-home", help="Flower home folder of this SuperNode (default: <state-dir>/flwr_home)")
-    p.add_argument("--no-site-process", action="store_true",
-                   help="no long-lived site process: each round's ClientApp process imports torch, builds the site "
-                        "and reads and writes its state on disk (slower; Flower's process per message)")
-    p.add_argument("--site-restarts", type=int, default=5,
-                   help="times a site process that died is restarted from its state file before fedclient gives up "
-                        "(default %(default)s)")
-    p.add_argument("--batch-size", type=int, default=None,
-                   help="the run's train.batch_size (default: 32, the config's): a Re-ID site with fewer training "
-                        "images than one batch is refused at start")
-    p.add_argument("--verify-images", action="store_true",
-                   help="decode every image of this site, list the ones that fail, and exit (0: all decode, 1: not)")
+    p.add_argument(
+        "--no-site-process",
+        action="store_true",
+        help="no long-lived site process: each round's ClientApp process imports torch, builds the site "
+        "and reads and writes its state on disk (slower; Flower's process per message)",
+    )
+    p.add_argument(
+        "--site-restarts",
+        type=int,
+        default=5,
+        help="times a site process that died is restarted from its state file before fedclient gives up "
+        "(default %(default)s)",
+    )
+    p.add_argument(
+        "--batch-size",
+        type=int,
+        default=None,
+        help="the run's train.batch_size (default: 32, the config's): a Re-ID site with fewer training "
+        "images than one batch is refused at start",
+    )
+    p.add_argument(
+        "--verify-images",
+        action="store_true",
+        help="decode every image of this site, list the ones that fail, and exit (0: all decode, 1: not)",
+    )
     # hidden: fault injection for tests and benchmarks only (client/faults.py), e.g. --fault nan
     p.add_argument("--fault", default="", help=argparse.SUPPRESS)
     return p
 
 
-def node_settings(site: str, data_root: str, reader: str, state_dir: str, device: str, public_root: str = "",
-                  fault: str = "") -> dict[str, str]:
+def node_settings(
+    site: str, data_root: str, reader: str, state_dir: str, device: str, public_root: str = "", fault: str = ""
+) -> dict[str, str]:
     """The site's settings, as the ClientApp (node config) and the site process read them."""
     extra = {"public-root": public_root} if public_root else {}
     extra |= {"fault": fault} if fault else {}
     return {"site": site, "data-root": data_root, "reader": reader, "state-dir": state_dir, "device": device, **extra}
 
 
-def node_config(site: str, data_root: str, reader: str, state_dir: str, device: str, public_root: str = "",
-                fault: str = "", site_socket: str = "") -> str:
+def node_config(
+    site: str,
+    data_root: str,
+    reader: str,
+    state_dir: str,
+    device: str,
+    public_root: str = "",
+    fault: str = "",
+    site_socket: str = "",
+) -> str:
     def q(v: str) -> str:
         if '"' in v:
             raise ValueError(f"value {v!r} must not contain double quotes")
@@ -97,12 +134,31 @@ def node_config(site: str, data_root: str, reader: str, state_dir: str, device: 
     return " ".join(f"{k}={q(v)}" for k, v in settings.items())
 
 
-def supernode_cmd(a: argparse.Namespace, data_root: str, reader: str, state_dir: str,
-                  site_socket: str = "") -> list[str]:
-    cmd = [processes.executable("flower-supernode"), "--superlink", a.superlink,
-           "--node-config", node_config(a.site, data_root, reader, state_dir, a.device,
-                                        getattr(a, "public_root", None) or "", getattr(a, "fault", ""), site_socket),
-           "--port", str(a.port), "--max-retries", str(a.max_retries), "--max-wait-time", str(a.max_wait_time)]
+def supernode_cmd(
+    a: argparse.Namespace, data_root: str, reader: str, state_dir: str, site_socket: str = ""
+) -> list[str]:
+    cmd = [
+        processes.executable("flower-supernode"),
+        "--superlink",
+        a.superlink,
+        "--node-config",
+        node_config(
+            a.site,
+            data_root,
+            reader,
+            state_dir,
+            a.device,
+            getattr(a, "public_root", None) or "",
+            getattr(a, "fault", ""),
+            site_socket,
+        ),
+        "--port",
+        str(a.port),
+        "--max-retries",
+        str(a.max_retries),
+        "--max-wait-time",
+        str(a.max_wait_time),
+    ]
     if a.insecure:
         cmd.append("--insecure")
     elif a.root_certificates:
@@ -162,8 +218,9 @@ def main(argv: list[str] | None = None) -> None:
     if not a.no_site_process:  # the long-lived site process (client/site_process.py) and its channel
         sock = str(socket_path(state_dir))
         node = node_settings(a.site, data_root, reader, state_dir, a.device, a.public_root, a.fault)
-        supervisor = SiteSupervisor(a.site, site_process_cmd(sock, node), processes.tool_env(),
-                                    max_restarts=a.site_restarts)
+        supervisor = SiteSupervisor(
+            a.site, site_process_cmd(sock, node), processes.tool_env(), max_restarts=a.site_restarts
+        )
         supervisor.start()
     proc = processes.start(supernode_cmd(a, data_root, reader, state_dir, sock), processes.tool_env(home))
 
@@ -186,8 +243,9 @@ def main(argv: list[str] | None = None) -> None:
     stop_all(2)
     # the SuperNode also exits 0 when refused (401) or when the coordinator is gone: only the end of
     # the run is a success (client/run_end.py)
-    status, message = exit_status(a.site, code, read_progress(state_dir), started_at, superlink=a.superlink,
-                                  auth_key=a.auth_key)
+    status, message = exit_status(
+        a.site, code, read_progress(state_dir), started_at, superlink=a.superlink, auth_key=a.auth_key
+    )
     print(message, file=sys.stderr if status else sys.stdout, flush=True)
     sys.exit(status)
 
@@ -197,9 +255,11 @@ def check_one_batch(site: str, num_train: int, batch_size: int) -> None:
     if batch_size < 1:
         raise SystemExit(f"fedclient: --batch-size must be >= 1, found {batch_size}")
     if num_train < batch_size:
-        raise SystemExit(f"fedclient: site {site}: {num_train} training images is fewer than one batch "
-                         f"({batch_size}, the run's train.batch_size; --batch-size): add images or run with a "
-                         "smaller train.batch_size")
+        raise SystemExit(
+            f"fedclient: site {site}: {num_train} training images is fewer than one batch "
+            f"({batch_size}, the run's train.batch_size; --batch-size): add images or run with a "
+            "smaller train.batch_size"
+        )
 
 
 if __name__ == "__main__":

@@ -33,8 +33,10 @@ class Progress:
 
 def record_round(state_dir: str | Path, server_round: int, rounds: int) -> None:
     """Called by the ClientApp after it trained ``server_round`` of a run of ``rounds`` rounds."""
-    atomic_json_save({"round": int(server_round), "rounds": int(rounds), "written_at": time.time()},
-                     Path(state_dir).expanduser() / PROGRESS_FILE)
+    atomic_json_save(
+        {"round": int(server_round), "rounds": int(rounds), "written_at": time.time()},
+        Path(state_dir).expanduser() / PROGRESS_FILE,
+    )
 
 
 def read_progress(state_dir: str | Path) -> Progress | None:
@@ -50,8 +52,9 @@ def run_ended(progress: Progress | None, started_at: float) -> bool:
     return progress is not None and progress.written_at >= started_at and progress.round >= progress.rounds
 
 
-def exit_status(site: str, code: int, progress: Progress | None, started_at: float, *, superlink: str,
-                auth_key: str | None) -> tuple[int, str]:
+def exit_status(
+    site: str, code: int, progress: Progress | None, started_at: float, *, superlink: str, auth_key: str | None
+) -> tuple[int, str]:
     """(fedclient's exit status, its one-line message) once the SuperNode exited with ``code``."""
     if code == 0 and run_ended(progress, started_at):
         return 0, f"fedclient: site {site}: the run ended (round {progress.round} of {progress.rounds}); stopping"

@@ -15,6 +15,7 @@ It ends on SIGTERM/SIGINT, and by itself when ``fedclient`` (its parent) is gone
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import json
 import logging
@@ -60,8 +61,12 @@ class SiteHost:
             return {"ok": True}, site.get_parameters(config)
         if op == "fit":
             out, n, metrics = site.fit(arrays, config)
-            return {"ok": True, "num_examples": int(n), "metrics": metrics,
-                    "handled_seconds": time.perf_counter() - t0}, out
+            return {
+                "ok": True,
+                "num_examples": int(n),
+                "metrics": metrics,
+                "handled_seconds": time.perf_counter() - t0,
+            }, out
         raise ValueError(f"unknown operation {op!r} (expected fit, get_properties, get_parameters or ping)")
 
     def close(self) -> None:
@@ -77,10 +82,8 @@ def _close(site) -> None:
 
 def _die_with_parent() -> None:
     """Linux: SIGKILL this process when fedclient dies, even by SIGKILL (no orphaned site process)."""
-    try:
+    with contextlib.suppress(OSError, AttributeError):  # not Linux: no such call
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
 
 
 def serve(path: str, host: SiteHost, parent: int) -> None:
@@ -120,17 +123,16 @@ def serve(path: str, host: SiteHost, parent: int) -> None:
                     log.warning("site process: the ClientApp went away before the reply: %s", e)
     finally:
         srv.close()
-        try:
+        with contextlib.suppress(OSError):
             os.unlink(path)
-        except OSError:
-            pass
         host.close()
         log.info("site process %d: stopped", os.getpid())
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="site_process", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="site_process", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--socket", required=True, help="the channel's socket path (in the site's state folder)")
     p.add_argument("--node-config-json", required=True, help="the site's node config as JSON (as the SuperNode's)")
     a = p.parse_args(argv)

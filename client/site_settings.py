@@ -29,7 +29,6 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-
 def site_settings(node_config: dict) -> SiteSettings:
     """Read the operator's settings (``flower-supernode --node-config``); ``site`` and ``data-root`` are required."""
     missing = [k for k in ("site", "data-root") if not node_config.get(k)]

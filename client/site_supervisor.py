@@ -18,13 +18,19 @@ from common import processes
 
 
 def site_process_cmd(socket: str | Path, node_config: dict) -> list[str]:
-    return [sys.executable, "-m", "client.site_process", "--socket", str(socket),
-            "--node-config-json", json.dumps(node_config)]
+    return [
+        sys.executable,
+        "-m",
+        "client.site_process",
+        "--socket",
+        str(socket),
+        "--node-config-json",
+        json.dumps(node_config),
+    ]
 
 
 class SiteSupervisor:
-    def __init__(self, site: str, cmd: list[str], env: dict[str, str], *, max_restarts: int = 5,
-                 log=None) -> None:
+    def __init__(self, site: str, cmd: list[str], env: dict[str, str], *, max_restarts: int = 5, log=None) -> None:
         if max_restarts < 0:
             raise ValueError(f"--site-restarts must be >= 0, found {max_restarts}")
         self.site = site
@@ -47,13 +53,17 @@ class SiteSupervisor:
         how = f"signal {-code}" if code < 0 else f"exit code {code}"
         processes.stop(self.proc, grace_s=2)  # anything it left in its group
         if self.restarts >= self.max_restarts:
-            self._log(f"fedclient: site {self.site}: the site process ended ({how}) and was restarted "
-                      f"{self.restarts} times already (--site-restarts {self.max_restarts}): giving up")
+            self._log(
+                f"fedclient: site {self.site}: the site process ended ({how}) and was restarted "
+                f"{self.restarts} times already (--site-restarts {self.max_restarts}): giving up"
+            )
             self.proc = None
             return False
         self.restarts += 1
-        self._log(f"fedclient: site {self.site}: the site process ended ({how}); restarting it from its state file "
-                  f"(restart {self.restarts} of {self.max_restarts}); the site rejoins the next round")
+        self._log(
+            f"fedclient: site {self.site}: the site process ended ({how}); restarting it from its state file "
+            f"(restart {self.restarts} of {self.max_restarts}); the site rejoins the next round"
+        )
         time.sleep(min(5.0, 0.5 * self.restarts))  # a crash loop does not spin
         self.start()
         return True

@@ -41,8 +41,9 @@ class SiteState:
     history: list[dict[str, float]] = field(default_factory=list)
 
 
-def load_state(state_dir: str | Path, *, site: str, manifest_hash: str, num_classes: int,
-               before_round: int | None = None) -> SiteState | None:
+def load_state(
+    state_dir: str | Path, *, site: str, manifest_hash: str, num_classes: int, before_round: int | None = None
+) -> SiteState | None:
     """The newest saved state (with ``last_round < before_round`` when given), or None to start afresh.
 
     A state of another site/model/data is an error.
@@ -100,6 +101,10 @@ def pick_versioned(state_dir: Path, before_round: int | None, current: str, prev
         last = _last_round(path)
         if last < before_round:
             return path
-        log.info("site state %s is of round %d; round %d is asked (the coordinator resumed): not used",
-                 path, last, before_round)
+        log.info(
+            "site state %s is of round %d; round %d is asked (the coordinator resumed): not used",
+            path,
+            last,
+            before_round,
+        )
     return None

@@ -32,21 +32,30 @@ def virtual_node_config(cfg: ExperimentConfig, node_config: dict[str, Any]) -> d
     if not isinstance(pid, int) or isinstance(pid, bool):
         raise ValueError(f"simulation node config: expected an integer {PARTITION_ID_KEY!r}, found {pid!r}")  # noqa: TRY004
     if n != len(cfg.sites):
-        raise ValueError(f"simulation runs {n} virtual sites but the run config lists {len(cfg.sites)} "
-                         f"({cfg.sites}); give num-supernodes = len(sites)")
+        raise ValueError(
+            f"simulation runs {n} virtual sites but the run config lists {len(cfg.sites)} "
+            f"({cfg.sites}); give num-supernodes = len(sites)"
+        )
     if not 0 <= pid < len(cfg.sites):
         raise ValueError(f"partition id {pid} out of range 0..{len(cfg.sites) - 1}")
     site = cfg.sites[pid]
     vs = cfg.engine.sites.get(site)
     if vs is None or not vs.data_root:
-        raise ValueError(f"virtual site {site!r} (partition {pid}) has no engine.sites.{site}.data_root; "
-                         "the run is submitted with every site's settings (server/simulation.py)")
+        raise ValueError(
+            f"virtual site {site!r} (partition {pid}) has no engine.sites.{site}.data_root; "
+            "the run is submitted with every site's settings (server/simulation.py)"
+        )
     if not vs.state_dir:
-        raise ValueError(f"virtual site {site!r} has no engine.sites.{site}.state_dir: each site needs its own "
-                         "private state folder")
-    node = {"site": site, "data-root": vs.data_root, "reader": vs.reader, "state-dir": vs.state_dir,
-            "device": vs.device or ("cuda" if cfg.engine.num_gpus > 0 else "cpu")}
+        raise ValueError(
+            f"virtual site {site!r} has no engine.sites.{site}.state_dir: each site needs its own private state folder"
+        )
+    node = {
+        "site": site,
+        "data-root": vs.data_root,
+        "reader": vs.reader,
+        "state-dir": vs.state_dir,
+        "device": vs.device or ("cuda" if cfg.engine.num_gpus > 0 else "cpu"),
+    }
     if vs.public_root:
         node["public-root"] = vs.public_root
     return node
-

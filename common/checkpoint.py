@@ -106,13 +106,26 @@ def convert_trusted(path: str | Path) -> None:
     atomic_torch_save(obj, path)
 
 
-def save_global_checkpoint(path: str | Path, *, keys: list[str], arrays: list, server_round: int,
-                           manifest_hash: str, config: dict, extra: dict | None = None) -> None:
+def save_global_checkpoint(
+    path: str | Path,
+    *,
+    keys: list[str],
+    arrays: list,
+    server_round: int,
+    manifest_hash: str,
+    config: dict,
+    extra: dict | None = None,
+) -> None:
     """The global model as named tensors (``state_dict_shared``) + what produced it."""
     state = {k: torch.from_numpy(a.copy()) for k, a in zip(keys, arrays)}
     atomic_torch_save(
-        {"state_dict_shared": state, "round": server_round, "manifest_hash": manifest_hash,
-         "config": config, **(extra or {})},
+        {
+            "state_dict_shared": state,
+            "round": server_round,
+            "manifest_hash": manifest_hash,
+            "config": config,
+            **(extra or {}),
+        },
         path,
     )
 
@@ -120,8 +133,10 @@ def save_global_checkpoint(path: str | Path, *, keys: list[str], arrays: list, s
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if len(args) < 2 or args[0] != "--convert-trusted":
-        print("usage: python -m common.checkpoint --convert-trusted FILE [FILE ...]\n"
-              "rewrites older checkpoints YOU TRUST (reading them runs their pickle) in the safe format")
+        print(
+            "usage: python -m common.checkpoint --convert-trusted FILE [FILE ...]\n"
+            "rewrites older checkpoints YOU TRUST (reading them runs their pickle) in the safe format"
+        )
         return 2
     for p in args[1:]:
         convert_trusted(p)

@@ -73,8 +73,12 @@ def shared_manifest(model: nn.Module, mode: str) -> Manifest:
 def manifest_of(model: nn.Module, items: list[tuple[str, tuple[int, ...], str]]) -> Manifest:
     """A manifest of ``(key, shape, dtype)`` items of ``model``, each marked learnable or buffer."""
     params = {k for k, _ in model.named_parameters()}
-    return Manifest(tuple(k for k, _, _ in items), tuple(s for _, s, _ in items), tuple(d for _, _, d in items),
-                    learnable=tuple(k in params for k, _, _ in items))
+    return Manifest(
+        tuple(k for k, _, _ in items),
+        tuple(s for _, s, _ in items),
+        tuple(d for _, _, d in items),
+        learnable=tuple(k in params for k, _, _ in items),
+    )
 
 
 def get_shared(model: nn.Module, manifest: Manifest) -> list[np.ndarray]:
@@ -126,15 +130,19 @@ def unpack(manifest: Manifest, packed: np.ndarray, who: str) -> list[np.ndarray]
     """
     need = packed_nbytes(manifest)
     if packed.dtype != np.uint8 or packed.ndim != 1:
-        raise ValueError(f"{who}: expected one packed uint8 array of {need:,} bytes (manifest {manifest.hash}, "
-                         f"{len(manifest.keys)} tensors), found a {packed.dtype} array of shape {list(packed.shape)}")
+        raise ValueError(
+            f"{who}: expected one packed uint8 array of {need:,} bytes (manifest {manifest.hash}, "
+            f"{len(manifest.keys)} tensors), found a {packed.dtype} array of shape {list(packed.shape)}"
+        )
     if packed.size != need:
-        raise ValueError(f"{who}: packed parameters hold {packed.size:,} bytes, the manifest {manifest.hash} "
-                         f"({len(manifest.keys)} tensors) needs {need:,}")
+        raise ValueError(
+            f"{who}: packed parameters hold {packed.size:,} bytes, the manifest {manifest.hash} "
+            f"({len(manifest.keys)} tensors) needs {need:,}"
+        )
     out, at = [], 0
     for shape, dtype in zip(manifest.shapes, manifest.dtypes):
         n = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
-        out.append(packed[at:at + n].view(dtype).reshape(shape).copy())  # copy: aligned, writable, own memory
+        out.append(packed[at : at + n].view(dtype).reshape(shape).copy())  # copy: aligned, writable, own memory
         at += n
     return out
 
@@ -147,8 +155,10 @@ def to_wire(manifest: Manifest, arrays: list[np.ndarray]) -> list[np.ndarray]:
 def from_wire(manifest: Manifest, message: list[np.ndarray], who: str) -> list[np.ndarray]:
     """A message's parameters (exactly one packed array) -> the shared tensors; ValueError otherwise."""
     if len(message) != 1:
-        raise ValueError(f"{who}: expected one packed array of {packed_nbytes(manifest):,} bytes (manifest "
-                         f"{manifest.hash}, {len(manifest.keys)} tensors), found {len(message)} arrays")
+        raise ValueError(
+            f"{who}: expected one packed array of {packed_nbytes(manifest):,} bytes (manifest "
+            f"{manifest.hash}, {len(manifest.keys)} tensors), found {len(message)} arrays"
+        )
     return unpack(manifest, np.asarray(message[0]), who)
 
 

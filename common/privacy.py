@@ -5,8 +5,9 @@ from __future__ import annotations
 import numpy as np
 
 
-def add_white_noise(arrays: list[np.ndarray], beta: float, rng: np.random.Generator,
-                    mask: list[bool] | None = None) -> list[np.ndarray]:
+def add_white_noise(
+    arrays: list[np.ndarray], beta: float, rng: np.random.Generator, mask: list[bool] | None = None
+) -> list[np.ndarray]:
     """Return ``a + beta * N(0, 1)`` for every floating array with ``mask`` True (new arrays; inputs untouched).
 
     Eq. (14) applies it to the aggregate, Eq. (15) to what each site receives (an independent

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -46,12 +47,17 @@ def executable(name: str) -> str:
     return str(path) if path.exists() else name
 
 
-def start(cmd: Sequence[str], env: dict[str, str], log_path: str | Path | None = None,
-          cwd: str | Path | None = None) -> subprocess.Popen:
+def start(
+    cmd: Sequence[str], env: dict[str, str], log_path: str | Path | None = None, cwd: str | Path | None = None
+) -> subprocess.Popen:
     """Start ``cmd`` in its own process group (so that stopping it also stops its children)."""
     out = open(log_path, "ab") if log_path else None  # noqa: SIM115 - closed with the process
     return subprocess.Popen(
-        list(cmd), env=env, cwd=cwd, stdout=out or None, stderr=subprocess.STDOUT if out else None,
+        list(cmd),
+        env=env,
+        cwd=cwd,
+        stdout=out or None,
+        stderr=subprocess.STDOUT if out else None,
         start_new_session=True,
     )
 
@@ -71,10 +77,8 @@ def stop(proc: subprocess.Popen, grace_s: float = 10.0) -> int | None:
 
 
 def _signal_group(proc: subprocess.Popen, sig: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def split_address(address: str) -> tuple[str, int]:
@@ -94,7 +98,9 @@ def wait_for_port(host: str, port: int, timeout_s: float, proc: subprocess.Popen
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"process {proc.args[0]} exited with code {proc.returncode} before listening on {host}:{port}")
+            raise RuntimeError(
+                f"process {proc.args[0]} exited with code {proc.returncode} before listening on {host}:{port}"
+            )
         try:
             with socket.create_connection((client_host(host), port), timeout=1.0):
                 return
@@ -160,10 +166,8 @@ def kill_tagged(tag: str, grace_s: float = 5.0) -> list[int]:
 
 
 def _signal_pid(pid: int, sig: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.kill(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def _alive(pid: int) -> bool:

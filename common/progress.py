@@ -25,6 +25,8 @@ class ProgressBar:
     def _draw(self) -> None:
         filled = int(self.width * self.done / self.total)
         rate = self.done / max(1e-9, time.monotonic() - self.t0)
-        sys.stderr.write(f"\r{self.label:>12s} [{'#' * filled}{'.' * (self.width - filled)}] "
-                         f"{self.done}/{self.total} batches ({rate:.1f}/s)")
+        sys.stderr.write(
+            f"\r{self.label:>12s} [{'#' * filled}{'.' * (self.width - filled)}] "
+            f"{self.done}/{self.total} batches ({rate:.1f}/s)"
+        )
         sys.stderr.flush()

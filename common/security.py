@@ -86,13 +86,15 @@ def split_hosts(hosts: list[str]) -> tuple[list[ipaddress.IPv4Address | ipaddres
 
 
 def _name(common_name: str) -> x509.Name:
-    return x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, "FedReID"),
-                      x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+    return x509.Name(
+        [x509.NameAttribute(NameOID.ORGANIZATION_NAME, "FedReID"), x509.NameAttribute(NameOID.COMMON_NAME, common_name)]
+    )
 
 
 def _pem_key(key: ec.EllipticCurvePrivateKey) -> bytes:
-    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                             serialization.NoEncryption())
+    return key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
 
 
 def make_ca(common_name: str = "FedReID CA", days: int = 3650) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
@@ -100,21 +102,36 @@ def make_ca(common_name: str = "FedReID CA", days: int = 3650) -> tuple[ec.Ellip
     now = dt.datetime.now(dt.UTC)
     cert = (
         x509.CertificateBuilder()
-        .subject_name(_name(common_name)).issuer_name(_name(common_name))
-        .public_key(key.public_key()).serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(minutes=5)).not_valid_after(now + dt.timedelta(days=days))
+        .subject_name(_name(common_name))
+        .issuer_name(_name(common_name))
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(now + dt.timedelta(days=days))
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
-                                     content_commitment=False, key_encipherment=False, data_encipherment=False,
-                                     key_agreement=False, encipher_only=False, decipher_only=False), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                key_cert_sign=True,
+                crl_sign=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
         .sign(key, hashes.SHA384())
     )
     return key, cert
 
 
-def make_server_cert(ca_key: ec.EllipticCurvePrivateKey, ca_cert: x509.Certificate, hosts: list[str],
-                     days: int = 825) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
+def make_server_cert(
+    ca_key: ec.EllipticCurvePrivateKey, ca_cert: x509.Certificate, hosts: list[str], days: int = 825
+) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
     """A server certificate signed by the CA whose SANs cover ``hosts`` (IPs as IP SANs, names as DNS)."""
     ips, names = split_hosts(hosts)
     key = ec.generate_private_key(ec.SECP384R1())
@@ -123,9 +140,12 @@ def make_server_cert(ca_key: ec.EllipticCurvePrivateKey, ca_cert: x509.Certifica
     cn = next((n for n in names if n != "localhost"), str(ips[0]) if ips else "localhost")
     cert = (
         x509.CertificateBuilder()
-        .subject_name(_name(cn)).issuer_name(ca_cert.subject)
-        .public_key(key.public_key()).serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(minutes=5)).not_valid_after(now + dt.timedelta(days=days))
+        .subject_name(_name(cn))
+        .issuer_name(ca_cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(now + dt.timedelta(days=days))
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(x509.SubjectAlternativeName(sans), critical=False)
         .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
@@ -168,6 +188,7 @@ def cert_hosts(cert_path: Path) -> list[str]:
 
 # ---- site keys (Flower node authentication) ----
 
+
 def check_site_name(site: str) -> str:
     if not SITE_NAME.fullmatch(site):
         raise ValueError(f"site name {site!r}: expected letters, digits, '_', '-', '.' (at most 64)")
@@ -177,8 +198,9 @@ def check_site_name(site: str) -> str:
 def make_site_keypair(comment: str = "") -> tuple[bytes, bytes]:
     """An ECDSA P-384 key pair: (OpenSSH private key, OpenSSH public key line)."""
     key = ec.generate_private_key(ec.SECP384R1())
-    private = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH,
-                                serialization.NoEncryption())
+    private = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption()
+    )
     public = key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
     return private, public + (f" {comment}".encode() if comment else b"") + b"\n"
 
@@ -204,12 +226,15 @@ def load_site_public_key(path: Path) -> ec.EllipticCurvePublicKey:
     try:
         key = serialization.load_ssh_public_key(data.strip())
     except (ValueError, UnsupportedAlgorithm) as e:
-        raise ValueError(f"{path}: expected an OpenSSH public key line 'ecdsa-sha2-nistp384 AAAA...' "
-                         f"(from `fedclient keygen`), could not parse it: {e}") from None
+        raise ValueError(
+            f"{path}: expected an OpenSSH public key line 'ecdsa-sha2-nistp384 AAAA...' "
+            f"(from `fedclient keygen`), could not parse it: {e}"
+        ) from None
     if not isinstance(key, ec.EllipticCurvePublicKey) or key.curve.name not in NIST_CURVES:
         found = getattr(getattr(key, "curve", None), "name", type(key).__name__)
-        raise ValueError(f"{path}: expected an ECDSA key on a NIST curve (P-384 from `fedclient keygen`), "
-                         f"found {found}")
+        raise ValueError(
+            f"{path}: expected an ECDSA key on a NIST curve (P-384 from `fedclient keygen`), found {found}"
+        )
     return key
 
 

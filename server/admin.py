@@ -37,15 +37,25 @@ CLI_TIMEOUT_S = 60.0
 
 # ---- fedserver certs ----
 
+
 def certs_main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="fedserver certs", description=(
-        "Make a private CA (ca.crt, ca.key) and the coordinator's TLS certificate (server.pem, server.key) "
-        "in OUT_DIR. An existing CA in OUT_DIR is reused, so that re-issuing the server certificate (e.g. for "
-        "a new host name) does not change what the sites trust."))
+    p = argparse.ArgumentParser(
+        prog="fedserver certs",
+        description=(
+            "Make a private CA (ca.crt, ca.key) and the coordinator's TLS certificate (server.pem, server.key) "
+            "in OUT_DIR. An existing CA in OUT_DIR is reused, so that re-issuing the server certificate (e.g. for "
+            "a new host name) does not change what the sites trust."
+        ),
+    )
     p.add_argument("out_dir", help="folder for ca.crt, ca.key, server.pem, server.key")
-    p.add_argument("--host", action="append", default=[], metavar="HOST",
-                   help="an IP address or DNS name the sites use to reach the coordinator (repeatable); "
-                        "127.0.0.1 and localhost are always included")
+    p.add_argument(
+        "--host",
+        action="append",
+        default=[],
+        metavar="HOST",
+        help="an IP address or DNS name the sites use to reach the coordinator (repeatable); "
+        "127.0.0.1 and localhost are always included",
+    )
     p.add_argument("--days", type=int, default=825, help="server certificate validity (default %(default)s)")
     p.add_argument("--force", action="store_true", help="replace an existing server.key")
     a = p.parse_args(argv)
@@ -55,7 +65,7 @@ def certs_main(argv: list[str]) -> int:
     except (FileExistsError, ValueError) as e:
         raise SystemExit(f"fedserver certs: {e}") from None
     hosts = security.cert_hosts(files.cert)
-    print(f"""fedserver certs: {'new CA' if new_ca else 'reused the CA'} {files.ca_cert}; server certificate for {hosts}
+    print(f"""fedserver certs: {"new CA" if new_ca else "reused the CA"} {files.ca_cert}; server certificate for {hosts}
   {files.ca_cert}    give to every site (public)
   {files.ca_key}     keep offline with the operator (0600); it signs server certificates
   {files.cert}  coordinator certificate
@@ -65,19 +75,26 @@ Coordinator:
   fedserver superlink.ca_cert={files.ca_cert} superlink.cert={files.cert} superlink.key={files.key} \\
             superlink.node_auth=true superlink.site_keys=SITE_KEYS_DIR
 Each site:
-  fedclient --site NAME --superlink {next((h for h in a.host), '127.0.0.1')}:9092 --root-certificates ca.crt \\
+  fedclient --site NAME --superlink {next((h for h in a.host), "127.0.0.1")}:9092 --root-certificates ca.crt \\
             --auth-key NAME.key""")
     return 0
 
 
 # ---- the flwr CLI, with a connection of our own ----
 
-def write_connection(flwr_home: Path, address: str, root_certificates: str | Path | None,
-                     insecure: bool = False) -> str:
+
+def write_connection(
+    flwr_home: Path, address: str, root_certificates: str | Path | None, insecure: bool = False
+) -> str:
     """``$FLWR_HOME/config.toml`` with one SuperLink connection; returns its name."""
     host, port = processes.split_address(address)
-    lines = ["[superlink]", f'default = "{CONNECTION}"', "", f"[superlink.{CONNECTION}]",
-             f'address = "{processes.client_host(host)}:{port}"']
+    lines = [
+        "[superlink]",
+        f'default = "{CONNECTION}"',
+        "",
+        f"[superlink.{CONNECTION}]",
+        f'address = "{processes.client_host(host)}:{port}"',
+    ]
     if insecure:
         lines.append("insecure = true")
     else:
@@ -106,11 +123,19 @@ def flwr_cli(args: list[str], flwr_home: Path, timeout_s: float = CLI_TIMEOUT_S)
     """Run ``flwr ARGS`` with FLWR_HOME=flwr_home; bounded; output captured (it holds no secrets)."""
     env = processes.tool_env(flwr_home, {"NO_COLOR": "1", "COLUMNS": "200"})
     try:
-        return subprocess.run([processes.executable("flwr"), *args], check=False, env=env, capture_output=True, text=True,
-                              timeout=timeout_s)
+        return subprocess.run(
+            [processes.executable("flwr"), *args],
+            check=False,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+        )
     except subprocess.TimeoutExpired:
-        raise SystemExit(f"fedserver: `flwr {' '.join(args[:2])}` did not answer within {timeout_s:.0f}s; "
-                         "is the SuperLink running and reachable?") from None
+        raise SystemExit(
+            f"fedserver: `flwr {' '.join(args[:2])}` did not answer within {timeout_s:.0f}s; "
+            "is the SuperLink running and reachable?"
+        ) from None
 
 
 def _last_json(text: str) -> dict:
@@ -138,7 +163,9 @@ def register_key(pub: Path, site: str, flwr_home: Path, connection: str = CONNEC
     reply = _last_json(r.stdout)
     if r.returncode != 0 or not reply.get("success"):
         why = reply.get("error-message") or (r.stdout + r.stderr).strip()[-600:]
-        why = " ".join(ln.strip() for ln in str(why).splitlines() if ln.strip() and not ln.startswith("Using SuperLink"))
+        why = " ".join(
+            ln.strip() for ln in str(why).splitlines() if ln.strip() and not ln.startswith("Using SuperLink")
+        )
         raise SystemExit(f"fedserver: registering site {site} ({pub}) failed (flwr exit {r.returncode}): {why}")
     return int(reply["node-id"])
 
@@ -147,8 +174,10 @@ def site_key_files(keys_dir: Path) -> dict[str, Path]:
     """``{site: DIR/<site>.pub}``; every file is checked, and no key may be given to two sites."""
     keys_dir = Path(keys_dir).expanduser()
     if not keys_dir.is_dir():
-        raise ValueError(f"site keys folder not found: {keys_dir} (make it with `fedserver register-site "
-                         "KEY.pub --site NAME --keys-dir DIR`)")
+        raise ValueError(
+            f"site keys folder not found: {keys_dir} (make it with `fedserver register-site "
+            "KEY.pub --site NAME --keys-dir DIR`)"
+        )
     found: dict[str, Path] = {}
     seen: dict[str, str] = {}
     for pub in sorted(keys_dir.glob("*.pub")):
@@ -168,8 +197,12 @@ def register_site_keys(keys_dir: str | Path, flwr_home: Path, connection: str = 
     except ValueError as e:
         raise SystemExit(f"fedserver: superlink.site_keys: {e}") from None
     if not keys:
-        print(f"fedserver: WARNING: superlink.site_keys={keys_dir} holds no <site>.pub: no site can join until one "
-              "is registered (fedserver register-site ... --superlink ...)", file=sys.stderr, flush=True)
+        print(
+            f"fedserver: WARNING: superlink.site_keys={keys_dir} holds no <site>.pub: no site can join until one "
+            "is registered (fedserver register-site ... --superlink ...)",
+            file=sys.stderr,
+            flush=True,
+        )
     ids = {}
     for site, pub in keys.items():
         ids[site] = register_key(pub, site, flwr_home, connection)
@@ -179,6 +212,7 @@ def register_site_keys(keys_dir: str | Path, flwr_home: Path, connection: str = 
 
 
 # ---- fedserver register-site / list-sites / unregister-site ----
+
 
 def _registry_parser(prog: str, description: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=prog, description=description)
@@ -190,8 +224,10 @@ def _registry_parser(prog: str, description: str) -> argparse.ArgumentParser:
 
 def _need_target(a: argparse.Namespace, prog: str) -> None:
     if not a.keys_dir and not a.superlink:
-        raise SystemExit(f"{prog}: give --keys-dir DIR (the registry fedserver reads at start, "
-                         "superlink.site_keys) and/or --superlink HOST:PORT --root-certificates CA (a running one)")
+        raise SystemExit(
+            f"{prog}: give --keys-dir DIR (the registry fedserver reads at start, "
+            "superlink.site_keys) and/or --superlink HOST:PORT --root-certificates CA (a running one)"
+        )
 
 
 def register_site_main(argv: list[str]) -> int:
@@ -214,19 +250,24 @@ def register_site_main(argv: list[str]) -> int:
         others = {}
         if keys_dir.is_dir():
             try:
-                others = {s: security.fingerprint(security.load_site_public_key(f))
-                          for s, f in site_key_files(keys_dir).items()}
+                others = {
+                    s: security.fingerprint(security.load_site_public_key(f))
+                    for s, f in site_key_files(keys_dir).items()
+                }
             except ValueError as e:
                 raise SystemExit(f"{prog}: {e}") from None
         clash = [s for s, f in others.items() if f == fp and s != a.site]
         if clash:
             raise SystemExit(f"{prog}: this key is already registered for site {clash[0]}; every site needs its own")
         if others.get(a.site) not in (None, fp) and not a.force:
-            raise SystemExit(f"{prog}: site {a.site} already has a different key ({others[a.site]}); "
-                             "give --force to replace it")
+            raise SystemExit(
+                f"{prog}: site {a.site} already has a different key ({others[a.site]}); give --force to replace it"
+            )
         security.write_public(dest, Path(a.public_key).read_bytes())
-        print(f"{prog}: site {a.site} key {fp} -> {dest} (registered by fedserver at its next start with "
-              f"superlink.node_auth=true superlink.site_keys={keys_dir})")
+        print(
+            f"{prog}: site {a.site} key {fp} -> {dest} (registered by fedserver at its next start with "
+            f"superlink.node_auth=true superlink.site_keys={keys_dir})"
+        )
     if a.superlink:
         with temporary_connection(a.superlink, a.root_certificates) as home:
             node = register_key(Path(a.public_key), a.site, home)
@@ -271,9 +312,12 @@ def list_nodes(address: str, root_certificates: str) -> list[dict]:
 
 def list_sites_parser() -> argparse.ArgumentParser:
     p = _registry_parser("fedserver list-sites", "List registered sites: the keys folder and/or a running SuperLink.")
-    p.add_argument("--check", action="store_true",
-                   help="exit 1 unless every key of --keys-dir is registered with the SuperLink at --superlink "
-                        "(a readiness check: docker/compose.yaml starts the sites after it passes)")
+    p.add_argument(
+        "--check",
+        action="store_true",
+        help="exit 1 unless every key of --keys-dir is registered with the SuperLink at --superlink "
+        "(a readiness check: docker/compose.yaml starts the sites after it passes)",
+    )
     return p
 
 
@@ -324,8 +368,11 @@ def unregister_site_main(argv: list[str]) -> int:
         print(f"{prog}: removed {pub}")
     if a.superlink:
         try:
-            nodes = [n for n in list_nodes(a.superlink, a.root_certificates)
-                     if n["site"] == a.site and n["status"] != "unregistered"]
+            nodes = [
+                n
+                for n in list_nodes(a.superlink, a.root_certificates)
+                if n["site"] == a.site and n["status"] != "unregistered"
+            ]
         except Exception as e:  # noqa: BLE001 - httpx/click/Flower errors: one line, no traceback
             raise SystemExit(f"{prog}: could not list the SuperLink's nodes at {a.superlink}: {e}") from None
         if not nodes:
@@ -334,11 +381,17 @@ def unregister_site_main(argv: list[str]) -> int:
             for n in nodes:
                 r = flwr_cli(["supernode", "unregister", str(n["node_id"]), CONNECTION, "--format", "json"], home)
                 if r.returncode != 0 or not _last_json(r.stdout).get("success"):
-                    raise SystemExit(f"{prog}: unregistering node {n['node_id']} failed (flwr exit {r.returncode}): "
-                                     f"{(r.stdout + r.stderr).strip()[-600:]}")
+                    raise SystemExit(
+                        f"{prog}: unregistering node {n['node_id']} failed (flwr exit {r.returncode}): "
+                        f"{(r.stdout + r.stderr).strip()[-600:]}"
+                    )
                 print(f"{prog}: unregistered site {a.site} (node {n['node_id']}) at {a.superlink}")
     return 0
 
 
-SUBCOMMANDS = {"certs": certs_main, "register-site": register_site_main, "list-sites": list_sites_main,
-               "unregister-site": unregister_site_main}
+SUBCOMMANDS = {
+    "certs": certs_main,
+    "register-site": register_site_main,
+    "list-sites": list_sites_main,
+    "unregister-site": unregister_site_main,
+}

@@ -7,8 +7,13 @@ import numpy as np
 from common.config.experiment import sites_per_round
 
 
-def average(updates: list[list[np.ndarray]], weights: list[float] | None = None, *,
-            scales: list[float] | None = None, reference: list[np.ndarray] | None = None) -> list[np.ndarray]:
+def average(
+    updates: list[list[np.ndarray]],
+    weights: list[float] | None = None,
+    *,
+    scales: list[float] | None = None,
+    reference: list[np.ndarray] | None = None,
+) -> list[np.ndarray]:
     """Mean of the sites' arrays, position by position.
 
     FedReID Eq. (8): ``theta_f(k+1) = 1/ceil(S*N) * sum_m w_f^m`` (``weights=None``: uniform).

@@ -22,6 +22,7 @@ CHECKPOINT = "global_latest.pt"
 # as tensors, the run's noise secret); a format-1 file is refused by common.checkpoint.torch_load
 FORMAT = 2
 
+
 @dataclass
 class ServerCheckpoint:
     round: int
@@ -55,21 +56,38 @@ def restore_rng(state: dict[str, Any]) -> None:
 def save_server_checkpoint(path: str | Path, ck: ServerCheckpoint) -> None:
     """One atomic write of everything needed to continue after round ``ck.round``."""
     save_global_checkpoint(
-        path, keys=ck.keys, arrays=ck.arrays, server_round=ck.round, manifest_hash=ck.manifest_hash,
+        path,
+        keys=ck.keys,
+        arrays=ck.arrays,
+        server_round=ck.round,
+        manifest_hash=ck.manifest_hash,
         config=ck.config,
-        extra={"format": FORMAT, "strategy": ck.strategy, "rng": ck.rng, "metrics": ck.metrics,
-               "elapsed_s": ck.elapsed_s},
+        extra={
+            "format": FORMAT,
+            "strategy": ck.strategy,
+            "rng": ck.rng,
+            "metrics": ck.metrics,
+            "elapsed_s": ck.elapsed_s,
+        },
     )
 
 
 def load_server_checkpoint(path: str | Path) -> ServerCheckpoint:
     raw = torch_load(path)
     if raw.get("format") != FORMAT:
-        raise ValueError(f"{path}: not a resumable checkpoint (format {raw.get('format')!r}, expected {FORMAT}); "
-                         "it was written by an older version")
+        raise ValueError(
+            f"{path}: not a resumable checkpoint (format {raw.get('format')!r}, expected {FORMAT}); "
+            "it was written by an older version"
+        )
     state = raw["state_dict_shared"]
     return ServerCheckpoint(
-        round=int(raw["round"]), keys=list(state), arrays=[v.numpy() for v in state.values()],
-        manifest_hash=raw["manifest_hash"], config=raw["config"], strategy=raw["strategy"], rng=raw["rng"],
-        metrics=list(raw["metrics"]), elapsed_s=float(raw["elapsed_s"]),
+        round=int(raw["round"]),
+        keys=list(state),
+        arrays=[v.numpy() for v in state.values()],
+        manifest_hash=raw["manifest_hash"],
+        config=raw["config"],
+        strategy=raw["strategy"],
+        rng=raw["rng"],
+        metrics=list(raw["metrics"]),
+        elapsed_s=float(raw["elapsed_s"]),
     )

@@ -1,9 +1,9 @@
 """``fedserver``: the coordinator. Starts the Flower SuperLink, submits the run, waits for it.
 
-    fedserver [HYDRA_OVERRIDES...]       e.g. fedserver rounds=100 strategy.fraction=0.5 privacy.beta=0.001
-    fedserver --help                     this text and every configuration key with its default
-    fedserver --cfg                      print the composed configuration and exit
-    fedserver resume=RUN_DIR             continue a stopped run after its last complete round
+fedserver [HYDRA_OVERRIDES...]       e.g. fedserver rounds=100 strategy.fraction=0.5 privacy.beta=0.001
+fedserver --help                     this text and every configuration key with its default
+fedserver --cfg                      print the composed configuration and exit
+fedserver resume=RUN_DIR             continue a stopped run after its last complete round
 """
 
 from __future__ import annotations
@@ -58,15 +58,24 @@ Every key, with its paper default (conf/config.yaml):
 
 def build_superlink_cmd(cfg: ExperimentConfig) -> list[str]:
     host, port = processes.split_address(cfg.superlink.address)
-    cmd = [processes.executable("flower-superlink"), "--host", host, "--port", str(port),
-           "--disable-runtime-dependency-installation"]
+    cmd = [
+        processes.executable("flower-superlink"),
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--disable-runtime-dependency-installation",
+    ]
     sl = cfg.superlink
     if sl.node_auth and sl.insecure:
-        raise SystemExit("fedserver: superlink.node_auth=true needs TLS (superlink.ca_cert/cert/key), "
-                         "not superlink.insecure=true")
+        raise SystemExit(
+            "fedserver: superlink.node_auth=true needs TLS (superlink.ca_cert/cert/key), not superlink.insecure=true"
+        )
     if sl.site_keys and not sl.node_auth:
-        raise SystemExit("fedserver: superlink.site_keys is set but superlink.node_auth=false: "
-                         "set superlink.node_auth=true, or any site could join")
+        raise SystemExit(
+            "fedserver: superlink.site_keys is set but superlink.node_auth=false: "
+            "set superlink.node_auth=true, or any site could join"
+        )
     if sl.node_auth:
         cmd.append("--enable-supernode-auth")
     if sl.insecure:
@@ -121,8 +130,13 @@ ENGINES = {"deployment": DeploymentEngine, "simulation": _simulation_engine}
 def write_cli_config(flwr_home: Path, cfg: ExperimentConfig) -> str:
     """The `flwr` CLI's connection to our SuperLink (``$FLWR_HOME/config.toml``)."""
     host, port = processes.split_address(cfg.superlink.address)
-    lines = ["[superlink]", 'default = "fedreid"', "", "[superlink.fedreid]",
-             f'address = "{processes.client_host(host)}:{port}"']
+    lines = [
+        "[superlink]",
+        'default = "fedreid"',
+        "",
+        "[superlink.fedreid]",
+        f'address = "{processes.client_host(host)}:{port}"',
+    ]
     if cfg.superlink.insecure:
         lines.append("insecure = true")
     else:
@@ -191,10 +205,11 @@ def run(cfg: ExperimentConfig, *, resume: bool = False) -> int:
     home = run_dir / "flwr_home"
     db_args = ["--database", str(db)] if cfg.superlink.persist_state else []  # default: in memory
     # the ServerApp (a child of the SuperLink, on either engine) reads the whole experiment from this file
-    superlink_env = {**engine.superlink_env(cfg, home / "superlink"),
-                     SERVERAPP_ENV: str(write_serverapp_config(run_dir.resolve(), cfg))}
-    superlink = processes.start(engine.superlink_cmd(cfg) + db_args, superlink_env,
-                                log_path=run_dir / "superlink.log")
+    superlink_env = {
+        **engine.superlink_env(cfg, home / "superlink"),
+        SERVERAPP_ENV: str(write_serverapp_config(run_dir.resolve(), cfg)),
+    }
+    superlink = processes.start(engine.superlink_cmd(cfg) + db_args, superlink_env, log_path=run_dir / "superlink.log")
     submit = None
     try:
         host, port = processes.split_address(cfg.superlink.address)
@@ -205,8 +220,16 @@ def run(cfg: ExperimentConfig, *, resume: bool = False) -> int:
             ids = admin.register_site_keys(cfg.superlink.site_keys, home / "cli", conn)
             # the ServerApp names each node by its registered key, never by what the node claims
             write_site_nodes(run_dir / SITE_NODES, ids)
-        cmd = [processes.executable("flwr"), "run", cfg.app_dir, conn, "--stream",
-               "--run-config", str(run_config_file(run_dir, cfg)), *engine.run_args(cfg)]
+        cmd = [
+            processes.executable("flwr"),
+            "run",
+            cfg.app_dir,
+            conn,
+            "--stream",
+            "--run-config",
+            str(run_config_file(run_dir, cfg)),
+            *engine.run_args(cfg),
+        ]
         submit = subprocess.Popen(cmd, env=processes.tool_env(home / "cli"), start_new_session=True)
         limit = cfg.wait_for_sites_s + cfg.rounds * cfg.round_timeout_s + 300
         deadline = time.monotonic() + limit

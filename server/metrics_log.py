@@ -50,8 +50,9 @@ class MetricsLog:
                 if pts:
                     xs, ys = zip(*pts)
                     label = key.split("/")[-1] if kind == "TAR@FAR" else key.split("/")[0]
-                    ax.plot(xs, [100 * y for y in ys], marker="o", lw=2.5 if key.startswith("mean/") else 1.2,
-                            label=label)
+                    ax.plot(
+                        xs, [100 * y for y in ys], marker="o", lw=2.5 if key.startswith("mean/") else 1.2, label=label
+                    )
             ax.set_xlabel("round")
             ax.set_ylabel(f"{kind} (%)")
             ax.set_title(f"{kind} of the global model per round")

@@ -58,7 +58,7 @@ def _npy_header(blob: bytes | memoryview, key: str) -> _Header:
     if start + hlen > min(len(blob), MAX_HEADER):
         raise ReplyError(f"{key}: .npy header of {hlen} bytes does not fit the tensor's {len(blob)} bytes")
     try:
-        d = ast.literal_eval(bytes(blob[start:start + hlen]).decode("latin1"))
+        d = ast.literal_eval(bytes(blob[start : start + hlen]).decode("latin1"))
         dtype = np.dtype(d["descr"])
         shape = tuple(int(s) for s in d["shape"])
         fortran = bool(d["fortran_order"])
@@ -75,18 +75,24 @@ def check_sizes(manifest: Manifest, parameters: Parameters, who: str) -> int:
     need = packed_nbytes(manifest)
     tensors = parameters.tensors
     if len(tensors) != 1:
-        raise ReplyError(f"{who}: expected one packed array of {need:,} bytes (manifest {manifest.hash}, "
-                         f"{len(manifest.keys)} tensors), found {len(tensors)} arrays")
+        raise ReplyError(
+            f"{who}: expected one packed array of {need:,} bytes (manifest {manifest.hash}, "
+            f"{len(manifest.keys)} tensors), found {len(tensors)} arrays"
+        )
     blob = tensors[0]
     if not isinstance(blob, (bytes, bytearray)):
         raise ReplyError(f"{who}: the packed array is a {type(blob).__name__}, expected bytes")
     if not need < len(blob) <= need + MAX_HEADER:
-        raise ReplyError(f"{who}: the packed array is {len(blob):,} bytes on the wire, the manifest {manifest.hash} "
-                         f"({len(manifest.keys)} tensors) needs {need:,} plus a .npy header")
+        raise ReplyError(
+            f"{who}: the packed array is {len(blob):,} bytes on the wire, the manifest {manifest.hash} "
+            f"({len(manifest.keys)} tensors) needs {need:,} plus a .npy header"
+        )
     return need
 
 
-def decode_arrays(manifest: Manifest, parameters: Parameters, who: str, *, check_finite: bool = True) -> list[np.ndarray]:
+def decode_arrays(
+    manifest: Manifest, parameters: Parameters, who: str, *, check_finite: bool = True
+) -> list[np.ndarray]:
     """A message's shared tensors in manifest order: sizes first, then zero-copy read-only views, checked.
 
     The wire format (``common/params.py``): ONE packed uint8 array, the tensors' raw bytes in
@@ -99,16 +105,20 @@ def decode_arrays(manifest: Manifest, parameters: Parameters, who: str, *, check
     blob = parameters.tensors[0]
     h = _npy_header(blob, who)
     if h.dtype != np.uint8 or len(h.shape) != 1:
-        raise ReplyError(f"{who}: expected one packed uint8 array of {need:,} bytes (manifest {manifest.hash}, "
-                         f"{len(manifest.keys)} tensors), found a {h.dtype} array of shape {list(h.shape)}")
+        raise ReplyError(
+            f"{who}: expected one packed uint8 array of {need:,} bytes (manifest {manifest.hash}, "
+            f"{len(manifest.keys)} tensors), found a {h.dtype} array of shape {list(h.shape)}"
+        )
     if h.shape[0] != need or len(blob) - h.offset != need:
-        raise ReplyError(f"{who}: packed parameters hold {h.shape[0]:,} bytes, the manifest {manifest.hash} "
-                         f"({len(manifest.keys)} tensors) needs {need:,}")
+        raise ReplyError(
+            f"{who}: packed parameters hold {h.shape[0]:,} bytes, the manifest {manifest.hash} "
+            f"({len(manifest.keys)} tensors) needs {need:,}"
+        )
     packed = np.frombuffer(blob, dtype=np.uint8, count=need, offset=h.offset)
     out, at = [], 0
     for key, shape, dtype in zip(manifest.keys, manifest.shapes, manifest.dtypes):
         n = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
-        a = packed[at:at + n].view(dtype).reshape(shape)
+        a = packed[at : at + n].view(dtype).reshape(shape)
         at += n
         if check_finite and not _all_finite(a):
             raise ReplyError(f"{who}: {key} has non-finite values (NaN or Inf)")
@@ -122,13 +132,16 @@ def encode_arrays(manifest: Manifest, arrays: list[np.ndarray]) -> Parameters:
     the header and the arrays' bytes are joined into the final bytes directly (no packed copy, no
     ``BytesIO`` copy), so encoding costs one model copy."""
     if len(arrays) != len(manifest.keys):
-        raise ValueError(f"encode: expected {len(manifest.keys)} arrays (manifest {manifest.hash}), found {len(arrays)}")
+        raise ValueError(
+            f"encode: expected {len(manifest.keys)} arrays (manifest {manifest.hash}), found {len(arrays)}"
+        )
     for k, shape, dtype, a in zip(manifest.keys, manifest.shapes, manifest.dtypes, arrays):
         if tuple(a.shape) != tuple(shape) or str(a.dtype) != dtype:
             raise ValueError(f"encode: {k} is {a.dtype}{list(a.shape)}, the manifest says {dtype}{list(shape)}")
     head = io.BytesIO()
-    np.lib.format.write_array_header_1_0(head, {"descr": "|u1", "fortran_order": False,
-                                                "shape": (packed_nbytes(manifest),)})
+    np.lib.format.write_array_header_1_0(
+        head, {"descr": "|u1", "fortran_order": False, "shape": (packed_nbytes(manifest),)}
+    )
     blob = b"".join([head.getvalue(), *(memoryview(np.ascontiguousarray(a)).cast("B") for a in arrays)])
     return Parameters(tensors=[blob], tensor_type="numpy.ndarray")
 
@@ -139,7 +152,7 @@ def _all_finite(a: np.ndarray, block: int = 1 << 20) -> bool:
     if a.dtype.itemsize <= 4:
         return bool(np.isfinite(a.sum(dtype=np.float64)))
     flat = a.reshape(-1)
-    return all(np.isfinite(flat[i:i + block]).all() for i in range(0, flat.size, block))
+    return all(np.isfinite(flat[i : i + block]).all() for i in range(0, flat.size, block))
 
 
 def check_metrics(metrics: dict[str, Scalar], who: str, *, numbers_required: tuple[str, ...] = ()) -> dict[str, float]:

@@ -19,9 +19,17 @@ from server.strategy import RoundRecord
 class RoundReporter:
     """End-of-round hook: evaluate, checkpoint, write metrics, print one progress line."""
 
-    def __init__(self, cfg: ExperimentConfig, score: Callable[[list[np.ndarray]], dict] | None, keys: list[str],
-                 manifest_hash: str, *, metrics_rows: list[dict] | None = None, elapsed_s: float = 0.0,
-                 embedding_init: str = ""):
+    def __init__(
+        self,
+        cfg: ExperimentConfig,
+        score: Callable[[list[np.ndarray]], dict] | None,
+        keys: list[str],
+        manifest_hash: str,
+        *,
+        metrics_rows: list[dict] | None = None,
+        elapsed_s: float = 0.0,
+        embedding_init: str = "",
+    ):
         self.cfg = cfg
         self.run_dir = cfg.resolved_run_dir()
         self.score = score
@@ -37,27 +45,53 @@ class RoundReporter:
         if rnd == 0 and self.embedding_init:
             row["embedding_init"] = self.embedding_init
         if rnd > 0:
-            row |= {"sampled": rec.sampled, "asked": rec.asked, "replied": len(rec.replied),
-                    "averaged": rec.averaged, "dropped": len(rec.dropped),
-                    "failures": rec.failures, "aggregated": rec.aggregated, "fit_seconds": round(rec.fit_seconds, 2),
-                    "bytes_sent": rec.bytes_sent, "bytes_received": rec.bytes_received,
-                    "max_site_train_seconds": max(rec.site_train_seconds.values(), default=0.0),
-                    "sites": rec.site_metrics, "update_norms": rec.update_norms,
-                    "norm_limit": rec.norm_limit, "clipped": rec.clipped}
+            row |= {
+                "sampled": rec.sampled,
+                "asked": rec.asked,
+                "replied": len(rec.replied),
+                "averaged": rec.averaged,
+                "dropped": len(rec.dropped),
+                "failures": rec.failures,
+                "aggregated": rec.aggregated,
+                "fit_seconds": round(rec.fit_seconds, 2),
+                "bytes_sent": rec.bytes_sent,
+                "bytes_received": rec.bytes_received,
+                "max_site_train_seconds": max(rec.site_train_seconds.values(), default=0.0),
+                "sites": rec.site_metrics,
+                "update_norms": rec.update_norms,
+                "norm_limit": rec.norm_limit,
+                "clipped": rec.clipped,
+            }
         every = self.cfg.eval.every
         if self.score is not None and every > 0 and (rnd % every == 0 or rnd == self.cfg.rounds):
             row |= self._evaluate(arrays, site_models)
         self.metrics.add(row)
         # everything needed to continue after this round, in one atomic write (server/resume.py)
-        save_server_checkpoint(self.run_dir / CHECKPOINT, ServerCheckpoint(
-            round=rnd, keys=self.keys, arrays=arrays, manifest_hash=self.manifest_hash, config=self.cfg.to_dict(),
-            strategy=self.strategy_state(), rng=capture_rng(), metrics=self.metrics.rows,
-            elapsed_s=time.time() - self.t0))
-        shown = {k: v for k, v in row.items()
-                 if (k.startswith("mean/") or k.endswith(("/R1", "/mAP"))) and not k.startswith(("site/", "best/"))}
-        print(f"[round {rnd}/{self.cfg.rounds}] " + " ".join(f"{k}={100 * v:.1f}" for k, v in shown.items())
-              + (f" | {len(rec.replied)}/{rec.sampled} sites, {rec.fit_seconds:.1f}s" if rnd > 0 else " (untrained)"),
-              flush=True)
+        save_server_checkpoint(
+            self.run_dir / CHECKPOINT,
+            ServerCheckpoint(
+                round=rnd,
+                keys=self.keys,
+                arrays=arrays,
+                manifest_hash=self.manifest_hash,
+                config=self.cfg.to_dict(),
+                strategy=self.strategy_state(),
+                rng=capture_rng(),
+                metrics=self.metrics.rows,
+                elapsed_s=time.time() - self.t0,
+            ),
+        )
+        shown = {
+            k: v
+            for k, v in row.items()
+            if (k.startswith("mean/") or k.endswith(("/R1", "/mAP"))) and not k.startswith(("site/", "best/"))
+        }
+        print(
+            f"[round {rnd}/{self.cfg.rounds}] "
+            + " ".join(f"{k}={100 * v:.1f}" for k, v in shown.items())
+            + (f" | {len(rec.replied)}/{rec.sampled} sites, {rec.fit_seconds:.1f}s" if rnd > 0 else " (untrained)"),
+            flush=True,
+        )
         if rnd == self.cfg.rounds:
             self.finish(arrays)
         # Flower logs what is returned here every round: keep it to the headline numbers
@@ -69,15 +103,20 @@ class RoundReporter:
         return summarize_sites({s: self.score(a) for s, a in sorted(site_models.items())})
 
     def finish(self, arrays: list[np.ndarray]) -> None:
-        save_global_checkpoint(self.run_dir / "global_final.pt", keys=self.keys, arrays=arrays,
-                               server_round=self.cfg.rounds, manifest_hash=self.manifest_hash,
-                               config=self.cfg.to_dict())
+        save_global_checkpoint(
+            self.run_dir / "global_final.pt",
+            keys=self.keys,
+            arrays=arrays,
+            server_round=self.cfg.rounds,
+            manifest_hash=self.manifest_hash,
+            config=self.cfg.to_dict(),
+        )
         self.metrics.plot()
         atomic_json_save({"status": "completed", "rounds": self.cfg.rounds}, self.run_dir / "status.json")
 
 
 def summarize_sites(per_site: dict[str, dict[str, float]]) -> dict[str, float]:
-    """"Each site alone": every metric as the mean over the sites' own embeddings (the paper's Local row),
+    """ "Each site alone": every metric as the mean over the sites' own embeddings (the paper's Local row),
     ``best/<metric>`` the best single site on it, and ``site/<name>/<metric>`` each site's own value."""
     keys = set.intersection(*(set(m) for m in per_site.values()))
     out = {k: float(np.mean([m[k] for m in per_site.values()])) for k in keys}

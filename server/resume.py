@@ -46,9 +46,19 @@ from server.reporting import RoundReporter
 from server.tasks import server_task
 
 # keys that may be changed on resume: where and how the processes run, not what they compute
-RESUMABLE_OVERRIDES = ("superlink.", "wait_for_sites_s", "round_timeout_s", "eval.device", "eval.batch_size",
-                       "app_dir", "engine.num_cpus", "engine.num_gpus", "engine.ray_address", "engine.ray_num_cpus",
-                       "engine.object_store_fraction")
+RESUMABLE_OVERRIDES = (
+    "superlink.",
+    "wait_for_sites_s",
+    "round_timeout_s",
+    "eval.device",
+    "eval.batch_size",
+    "app_dir",
+    "engine.num_cpus",
+    "engine.num_gpus",
+    "engine.ray_address",
+    "engine.ray_num_cpus",
+    "engine.object_store_fraction",
+)
 
 
 def resume_config(run_dir: str | Path, overrides: list[str] | None = None) -> ExperimentConfig:
@@ -66,8 +76,10 @@ def resume_config(run_dir: str | Path, overrides: list[str] | None = None) -> Ex
         key, sep, value = item.partition("=")
         if not sep or not key.startswith(RESUMABLE_OVERRIDES):
             keys = ", ".join(k + "*" if k.endswith(".") else k for k in RESUMABLE_OVERRIDES)
-            raise ValueError(f"on resume only these keys may be changed: {keys} "
-                             f"(found {item!r}); the experiment itself is read from {path}")
+            raise ValueError(
+                f"on resume only these keys may be changed: {keys} "
+                f"(found {item!r}); the experiment itself is read from {path}"
+            )
         _set_dotted(d, key, yaml.safe_load(value))
     d["run_dir"] = str(run_dir)  # the folder given, also when it was moved since
     cfg = ExperimentConfig.from_dict(d)
@@ -87,8 +99,11 @@ def announce_resume(cfg: ExperimentConfig) -> bool:
     """
     run_dir = cfg.resolved_run_dir()
     if not cfg.resume_from:
-        print(f"fedserver: resume: no checkpoint in {run_dir} (stopped before round 0 was reported); "
-              "starting the run from the beginning", flush=True)
+        print(
+            f"fedserver: resume: no checkpoint in {run_dir} (stopped before round 0 was reported); "
+            "starting the run from the beginning",
+            flush=True,
+        )
         return False
     ck = load_server_checkpoint(cfg.resume_from)
     if ck.round < cfg.rounds:
@@ -104,8 +119,18 @@ def announce_resume(cfg: ExperimentConfig) -> bool:
     return True
 
 
-RUN_OUTPUTS = ("status.json", CHECKPOINT, "global_final.pt", "metrics.json", "metrics.csv", "curves.png",
-               "fedfr_eval.json", "fedfr_eval.md", "fedfr_eval_generic.csv", "fedfr_eval_personalised.csv")
+RUN_OUTPUTS = (
+    "status.json",
+    CHECKPOINT,
+    "global_final.pt",
+    "metrics.json",
+    "metrics.csv",
+    "curves.png",
+    "fedfr_eval.json",
+    "fedfr_eval.md",
+    "fedfr_eval_generic.csv",
+    "fedfr_eval_personalised.csv",
+)
 
 
 def retire_previous_run(run_dir: Path) -> Path | None:
@@ -124,8 +149,11 @@ def retire_previous_run(run_dir: Path) -> Path | None:
     previous.mkdir()
     for path in found:
         path.replace(previous / path.name)
-    print(f"fedserver: {run_dir} held an earlier run; its {', '.join(p.name for p in found)} moved to {previous}"
-          + (" (replacing the run before it)" if older else ""), flush=True)
+    print(
+        f"fedserver: {run_dir} held an earlier run; its {', '.join(p.name for p in found)} moved to {previous}"
+        + (" (replacing the run before it)" if older else ""),
+        flush=True,
+    )
     return previous
 
 

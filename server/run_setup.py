@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import secrets
+from functools import partial
 
 from flwr.server import ServerAppComponents, ServerConfig
 
@@ -26,14 +27,26 @@ def strategy_settings(cfg: ExperimentConfig, ck: ServerCheckpoint | None) -> dic
     site_nodes = None
     if cfg.superlink.node_auth:  # names come from the key registration (fedserver writes the table)
         path = cfg.resolved_run_dir() / SITE_NODES
-        site_nodes = lambda: load_site_nodes(path)
-    return {"sites": list(cfg.sites), "fraction": st.fraction, "sampling": st.sampling,
-            "min_fit_sites": st.min_fit_sites, "min_available_sites": st.min_available_sites,
-            "aggregation": st.aggregation, "trim_fraction": st.trim_fraction, "norm_bound": st.norm_bound,
-            "norm_action": st.norm_action, "weight_cap": st.weight_cap, "site_images": dict(st.site_images),
-            "site_nodes": site_nodes, "beta": cfg.privacy.beta, "client_noise": cfg.privacy.client_noise,
-            "seed": cfg.seed, "wait_for_sites_s": cfg.wait_for_sites_s,
-            "noise_secret": run_noise_secret(ck)}
+        site_nodes = partial(load_site_nodes, path)
+    return {
+        "sites": list(cfg.sites),
+        "fraction": st.fraction,
+        "sampling": st.sampling,
+        "min_fit_sites": st.min_fit_sites,
+        "min_available_sites": st.min_available_sites,
+        "aggregation": st.aggregation,
+        "trim_fraction": st.trim_fraction,
+        "norm_bound": st.norm_bound,
+        "norm_action": st.norm_action,
+        "weight_cap": st.weight_cap,
+        "site_images": dict(st.site_images),
+        "site_nodes": site_nodes,
+        "beta": cfg.privacy.beta,
+        "client_noise": cfg.privacy.client_noise,
+        "seed": cfg.seed,
+        "wait_for_sites_s": cfg.wait_for_sites_s,
+        "noise_secret": run_noise_secret(ck),
+    }
 
 
 def run_noise_secret(ck: ServerCheckpoint | None) -> str:
@@ -52,23 +65,27 @@ def resume_checkpoint(cfg: ExperimentConfig, manifest: Manifest) -> ServerCheckp
         return None
     ck = load_server_checkpoint(cfg.resume_from)
     if ck.manifest_hash != manifest.hash or ck.keys != list(manifest.keys):
-        raise ValueError(f"checkpoint {cfg.resume_from} holds manifest {ck.manifest_hash}, this model config "
-                         f"gives {manifest.hash}: resume with the run's own config.json")
+        raise ValueError(
+            f"checkpoint {cfg.resume_from} holds manifest {ck.manifest_hash}, this model config "
+            f"gives {manifest.hash}: resume with the run's own config.json"
+        )
     restore_rng(ck.rng)
     log.info("resuming after round %d of %d from %s", ck.round, cfg.rounds, cfg.resume_from)
     return ck
 
 
-def run_components(cfg: ExperimentConfig, strategy: FedReIDStrategy, reporter: RoundReporter,
-                   ck: ServerCheckpoint | None) -> ServerAppComponents:
+def run_components(
+    cfg: ExperimentConfig, strategy: FedReIDStrategy, reporter: RoundReporter, ck: ServerCheckpoint | None
+) -> ServerAppComponents:
     """The common end of both tasks' ServerApp setup: a resumed strategy gets its state back, the
     reporter checkpoints the strategy's state every round, and the rounds left are run."""
     if ck is not None:
         strategy.restore_state(ck.strategy)
     reporter.strategy_state = strategy.checkpoint_state
     done = ck.round if ck else 0
-    atomic_json_save({"status": "running", "rounds": cfg.rounds, "resumed_after": done},
-                     cfg.resolved_run_dir() / "status.json")
+    atomic_json_save(
+        {"status": "running", "rounds": cfg.rounds, "resumed_after": done}, cfg.resolved_run_dir() / "status.json"
+    )
     return ServerAppComponents(
         strategy=strategy, config=ServerConfig(num_rounds=cfg.rounds - done, round_timeout=cfg.round_timeout_s)
     )

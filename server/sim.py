@@ -33,6 +33,8 @@ from common.datasets import layouts, synthetic
 from common.datasets.fingerprint import data_fingerprint, is_current, mark_complete
 from common.datasets.layouts import write_layout
 from common.datasets.synthetic import write_market_layout
+from server.fedfr.demo import main as fedfr_main
+from server.launch import simulation_overrides, site_list
 from server.sim_worlds import POOLED, WORLDS, pool_sites, write_class_data
 
 DEFAULT_SITES = ["market1501", "dukemtmc", "cuhk03", "msmt17"]
@@ -42,8 +44,9 @@ REAL_LAYOUTS = {"market1501": "market1501", "dukemtmc": "dukemtmc", "cuhk03": "c
 TARGETS = {"synth_a": ("market1501", 101), "synth_b": ("market1501", 102)}
 
 
-def write_data(data_dir: Path, sites: list[str], *, train_ids: int, images_per_id: int, target_ids: int,
-               real_layouts: bool = False) -> dict:
+def write_data(
+    data_dir: Path, sites: list[str], *, train_ids: int, images_per_id: int, target_ids: int, real_layouts: bool = False
+) -> dict:
     """One private dataset per site and two unseen target domains (reused only if the current
     generator wrote them with these parameters, else rewritten: see common/datasets/fingerprint.py).
 
@@ -54,13 +57,33 @@ def write_data(data_dir: Path, sites: list[str], *, train_ids: int, images_per_i
     for i, site in enumerate(sites):
         layout = REAL_LAYOUTS.get(site, "market1501") if real_layouts else "market1501"
         opts = {"extract": True} if layout == "cuhk03" else {}
-        params = {"layout": layout, "num_ids": 2 * train_ids, "images_per_id": min(images_per_id, 10),
-                  "seed": 10 + i, "identity_seed": 1000 + i, "height": 128, "width": 64, **opts}
-        roots[site] = (layout, _write_once(data_dir / site, params, lambda root, p: write_layout(
-            p["layout"], root, **{k: v for k, v in p.items() if k != "layout"})))
+        params = {
+            "layout": layout,
+            "num_ids": 2 * train_ids,
+            "images_per_id": min(images_per_id, 10),
+            "seed": 10 + i,
+            "identity_seed": 1000 + i,
+            "height": 128,
+            "width": 64,
+            **opts,
+        }
+        roots[site] = (
+            layout,
+            _write_once(
+                data_dir / site,
+                params,
+                lambda root, p: write_layout(p["layout"], root, **{k: v for k, v in p.items() if k != "layout"}),
+            ),
+        )
     for name, (layout, seed) in TARGETS.items():
-        params = {"num_train_ids": 2, "num_test_ids": target_ids, "images_per_id": 8, "num_distractors": 20,
-                  "seed": seed, "identity_seed": 2000 + seed}
+        params = {
+            "num_train_ids": 2,
+            "num_test_ids": target_ids,
+            "images_per_id": 8,
+            "num_distractors": 20,
+            "seed": seed,
+            "identity_seed": 2000 + seed,
+        }
         roots[name] = (layout, _write_once(data_dir / name, params, lambda root, p: write_market_layout(root, **p)))
     return roots
 
@@ -82,67 +105,65 @@ def clear_site_states(state_dir: Path, sites: list[str]) -> None:
         shutil.rmtree(state_dir / site, ignore_errors=True)
 
 
-def site_list(sites: list[str], engine: str, prefix: str = "site") -> list[str]:
-    """``--sites``: names, or one number N (simulation: N virtual sites prefix01..prefixNN)."""
-    if len(sites) == 1 and sites[0].isdigit():
-        n = int(sites[0])
-        if n < 1:
-            raise SystemExit(f"--sites: expected at least one site, found {n}")
-        if engine != "simulation":
-            raise SystemExit(f"--sites {n}: numbered sites are virtual sites of --engine simulation; the deployment "
-                             "runtime runs named sites (conf/site/<name>.yaml), e.g. --sites market1501 dukemtmc")
-        width = max(2, len(str(n)))
-        return [f"{prefix}{i:0{width}d}" for i in range(1, n + 1)]
-    if len(set(sites)) != len(sites):
-        raise SystemExit(f"--sites: names must be distinct, found {sites}")
-    return list(sites)
-
-
-def simulation_overrides(sites: dict[str, tuple[str, Path, Path]], public_root: Path | None = None) -> list[str]:
-    """Hydra overrides of ``fedserver engine=simulation``: every virtual site's reader, data and state."""
-    out = ["engine=simulation"]
-    for site, (reader, data_root, state_dir) in sites.items():
-        out += [f"++engine.sites.{site}.reader={reader}", f"++engine.sites.{site}.data_root={data_root}",
-                f"++engine.sites.{site}.state_dir={state_dir}"]
-        if public_root is not None:
-            out.append(f"++engine.sites.{site}.public_root={public_root}")
-    return out
-
-
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     if "experiment=fedfr-demo" in argv:  # the FedFR demo, same options
-        from server.fedfr.demo import main as fedfr_main
-
         return fedfr_main([a for a in argv if a != "experiment=fedfr-demo"])
-    p = argparse.ArgumentParser(prog="fedsim", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", default="runs/demo", help="run folder: data/, state/, logs and outputs (default %(default)s)")
-    p.add_argument("--sites", nargs="+", default=DEFAULT_SITES,
-                   help="site names (conf/site/*.yaml), or a number N of virtual sites (--engine simulation)")
-    p.add_argument("--engine", choices=("deployment", "simulation"), default="deployment",
-                   help="Flower runtime: deployment (a process per site, default) or simulation (Ray workers)")
+    p = argparse.ArgumentParser(
+        prog="fedsim", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--out", default="runs/demo", help="run folder: data/, state/, logs and outputs (default %(default)s)"
+    )
+    p.add_argument(
+        "--sites",
+        nargs="+",
+        default=DEFAULT_SITES,
+        help="site names (conf/site/*.yaml), or a number N of virtual sites (--engine simulation)",
+    )
+    p.add_argument(
+        "--engine",
+        choices=("deployment", "simulation"),
+        default="deployment",
+        help="Flower runtime: deployment (a process per site, default) or simulation (Ray workers)",
+    )
     p.add_argument("--train-ids", type=int, default=40, help="identities per site")
     p.add_argument("--images-per-id", type=int, default=8)
     p.add_argument("--target-ids", type=int, default=30, help="test identities per unseen domain")
-    p.add_argument("--site-layouts", choices=("market", "real"), default="market",
-                   help="market: every site in the Market-1501 layout (default); real: dukemtmc, cuhk03 and msmt17 "
-                        "in their own dataset layouts")
+    p.add_argument(
+        "--site-layouts",
+        choices=("market", "real"),
+        default="market",
+        help="market: every site in the Market-1501 layout (default); real: dukemtmc, cuhk03 and msmt17 "
+        "in their own dataset layouts",
+    )
     p.add_argument("--port", type=int, default=0, help="SuperLink port (default: a free one)")
     p.add_argument("--timeout", type=float, default=1800, help="seconds before everything is stopped")
-    p.add_argument("--no-site-process", action="store_true",
-                   help="fedclient --no-site-process: each round's ClientApp process does the site's round")
+    p.add_argument(
+        "--no-site-process",
+        action="store_true",
+        help="fedclient --no-site-process: each round's ClientApp process does the site's round",
+    )
     p.add_argument("--data-dir", default=None, help="where the world is written once and reused (default OUT/data)")
-    p.add_argument("--world", choices=WORLDS, default="reid",
-                   help="reid: synthetic multi-domain Re-ID (default); fashion-mnist / cifar10: a real classification "
-                        "set from --world-root as sites with disjoint classes, the last 2 classes held out")
-    p.add_argument("--world-root", default="", help="folder of the official IDX (Fashion-MNIST) or "
-                                                     "cifar-10-batches-py release")
+    p.add_argument(
+        "--world",
+        choices=WORLDS,
+        default="reid",
+        help="reid: synthetic multi-domain Re-ID (default); fashion-mnist / cifar10: a real classification "
+        "set from --world-root as sites with disjoint classes, the last 2 classes held out",
+    )
+    p.add_argument(
+        "--world-root", default="", help="folder of the official IDX (Fashion-MNIST) or cifar-10-batches-py release"
+    )
     p.add_argument("--iid", action="store_true", help="class worlds: every site all training classes (disjoint images)")
     p.add_argument("--per-class", type=int, default=300, help="class worlds: training images per class and site")
     p.add_argument("--queries-per-class", type=int, default=100)
     p.add_argument("--gallery-per-class", type=int, default=500)
-    p.add_argument("--pool-sites", action="store_true",
-                   help="the centralised bound: one virtual site 'pooled' with every site's images (--engine simulation)")
+    p.add_argument(
+        "--pool-sites",
+        action="store_true",
+        help="the centralised bound: one virtual site 'pooled' with every site's images (--engine simulation)",
+    )
     a, overrides = p.parse_known_args(argv)
     a.sites = site_list(a.sites, a.engine)
     if a.pool_sites and a.engine != "simulation":
@@ -152,15 +173,28 @@ def main(argv: list[str] | None = None) -> None:
     data_dir = Path(a.data_dir).resolve() if a.data_dir else out / "data"
     t0 = time.time()
     if a.world == "reid":
-        roots = write_data(data_dir, a.sites, train_ids=a.train_ids, images_per_id=a.images_per_id,
-                           target_ids=a.target_ids, real_layouts=a.site_layouts == "real")
+        roots = write_data(
+            data_dir,
+            a.sites,
+            train_ids=a.train_ids,
+            images_per_id=a.images_per_id,
+            target_ids=a.target_ids,
+            real_layouts=a.site_layouts == "real",
+        )
         targets = {n: roots[n] for n in TARGETS}
     else:
         if not a.world_root:
             raise SystemExit(f"--world {a.world}: name the dataset's folder with --world-root")
-        roots, targets = write_class_data(data_dir, a.world, a.world_root, a.sites, iid=a.iid,
-                                          per_class=a.per_class, queries_per_class=a.queries_per_class,
-                                          gallery_per_class=a.gallery_per_class)
+        roots, targets = write_class_data(
+            data_dir,
+            a.world,
+            a.world_root,
+            a.sites,
+            iid=a.iid,
+            per_class=a.per_class,
+            queries_per_class=a.queries_per_class,
+            gallery_per_class=a.gallery_per_class,
+        )
     if a.pool_sites:
         roots |= pool_sites(data_dir, {s: roots[s] for s in a.sites})
         a.sites = [POOLED]
@@ -169,12 +203,19 @@ def main(argv: list[str] | None = None) -> None:
     port = a.port or processes.free_port()
     address = f"127.0.0.1:{port}"
     server_overrides = [
-        "experiment=demo", f"run_dir={out}", f"sites=[{','.join(a.sites)}]",
-        f"strategy.min_available_sites={len(a.sites)}", f"superlink.address={address}", "superlink.insecure=true",
+        "experiment=demo",
+        f"run_dir={out}",
+        f"sites=[{','.join(a.sites)}]",
+        f"strategy.min_available_sites={len(a.sites)}",
+        f"superlink.address={address}",
+        "superlink.insecure=true",
         *[f"++eval.targets.{n}.reader={reader}" for n, (reader, _) in targets.items()],
         *[f"++eval.targets.{n}.root={root}" for n, (_, root) in targets.items()],
-        *(simulation_overrides({s: (*roots[s], out / "state" / s) for s in a.sites})
-          if a.engine == "simulation" else []),
+        *(
+            simulation_overrides({s: (*roots[s], out / "state" / s) for s in a.sites})
+            if a.engine == "simulation"
+            else []
+        ),
         *overrides,
     ]
     py = sys.executable
@@ -187,16 +228,32 @@ def main(argv: list[str] | None = None) -> None:
 
     signal.signal(signal.SIGTERM, lambda *_: (shutdown(), sys.exit(143)))
     try:
-        server = processes.start([py, "-m", "server.main", *server_overrides], processes.tool_env(),
-                                 cwd=REPO_ROOT)
+        server = processes.start([py, "-m", "server.main", *server_overrides], processes.tool_env(), cwd=REPO_ROOT)
         procs.append(server)
         for site in a.sites if a.engine == "deployment" else []:  # simulation: virtual sites in Ray workers
-            cmd = [py, "-m", "client.main", "--site", site, "--superlink", address, "--insecure",
-                   "--data-root", str(roots[site][1]), "--reader", roots[site][0],
-                   "--state-dir", str(out / "state" / site), "--port", str(processes.free_port()),
-                   "--max-wait-time", "120", "--batch-size", str(batch_size)] + (["--no-site-process"] if a.no_site_process else [])
-            procs.append(processes.start(cmd, processes.tool_env(), log_path=out / f"site_{site}.log",
-                                         cwd=REPO_ROOT))
+            cmd = [
+                py,
+                "-m",
+                "client.main",
+                "--site",
+                site,
+                "--superlink",
+                address,
+                "--insecure",
+                "--data-root",
+                str(roots[site][1]),
+                "--reader",
+                roots[site][0],
+                "--state-dir",
+                str(out / "state" / site),
+                "--port",
+                str(processes.free_port()),
+                "--max-wait-time",
+                "120",
+                "--batch-size",
+                str(batch_size),
+            ] + (["--no-site-process"] if a.no_site_process else [])
+            procs.append(processes.start(cmd, processes.tool_env(), log_path=out / f"site_{site}.log", cwd=REPO_ROOT))
         try:
             code = server.wait(timeout=a.timeout)
         except subprocess.TimeoutExpired:

@@ -24,9 +24,19 @@ WORLDS = ("reid", *CLASS_WORLDS)
 POOLED = "pooled"
 
 
-def write_class_data(data_dir: Path, world: str, root: str | Path, sites: list[str], *, iid: bool = False,
-                     held_out: int = 2, per_class: int = 300, queries_per_class: int = 100,
-                     gallery_per_class: int = 500, seed: int = 0) -> tuple[dict, dict]:
+def write_class_data(
+    data_dir: Path,
+    world: str,
+    root: str | Path,
+    sites: list[str],
+    *,
+    iid: bool = False,
+    held_out: int = 2,
+    per_class: int = 300,
+    queries_per_class: int = 100,
+    gallery_per_class: int = 500,
+    seed: int = 0,
+) -> tuple[dict, dict]:
     """A classification set as sites + one held-out target; returns (site -> (reader, root), target -> ...)."""
     if world not in CLASS_WORLDS:
         raise SystemExit(f"--world: expected one of {sorted(CLASS_WORLDS)}, found {world!r}")
@@ -38,9 +48,17 @@ def write_class_data(data_dir: Path, world: str, root: str | Path, sites: list[s
     split = split_classes(num_classes, len(sites), held_out, iid=iid)
     if iid:
         per_class = max(1, per_class // len(sites))  # the same images in all, dealt out (disjoint) to the sites
-    roots = write_class_world(data_dir / f"{world}{'-iid' if iid else ''}", split, data["train"], data["test"],
-                              site_names=sites, per_class=per_class, queries_per_class=queries_per_class,
-                              gallery_per_class=gallery_per_class, seed=seed)
+    roots = write_class_world(
+        data_dir / f"{world}{'-iid' if iid else ''}",
+        split,
+        data["train"],
+        data["test"],
+        site_names=sites,
+        per_class=per_class,
+        queries_per_class=queries_per_class,
+        gallery_per_class=gallery_per_class,
+        seed=seed,
+    )
     return ({s: ("market1501", roots[s]) for s in sites}, {"held_out": ("market1501", roots["held_out"])})
 
 

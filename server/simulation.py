@@ -39,8 +39,10 @@ class SimulationEngine:
         """Fill in every virtual site's settings, check them, and pin the SuperLink to loopback."""
         sl = cfg.superlink
         if sl.node_auth:
-            raise SystemExit("fedserver: superlink.node_auth is for real sites; the simulation engine has no "
-                             "SuperNodes to authenticate (engine=deployment, or drop node_auth)")
+            raise SystemExit(
+                "fedserver: superlink.node_auth is for real sites; the simulation engine has no "
+                "SuperNodes to authenticate (engine=deployment, or drop node_auth)"
+            )
         _, port = processes.split_address(sl.address)
         # Only the local `flwr run` talks to this SuperLink (the Control API); the virtual sites are
         # Ray workers. Loopback, plain text.
@@ -51,8 +53,16 @@ class SimulationEngine:
 
     def superlink_cmd(self, cfg: ExperimentConfig) -> list[str]:
         host, port = processes.split_address(cfg.superlink.address)
-        return [processes.executable("flower-superlink"), "--simulation", "--insecure", "--host", host, "--port",
-                str(port), "--disable-runtime-dependency-installation"]
+        return [
+            processes.executable("flower-superlink"),
+            "--simulation",
+            "--insecure",
+            "--host",
+            host,
+            "--port",
+            str(port),
+            "--disable-runtime-dependency-installation",
+        ]
 
     def superlink_env(self, cfg: ExperimentConfig, flwr_home: Path) -> dict[str, str]:
         """The SuperLink's environment, inherited by flwr-simulation and so by Ray (``ray.init``)."""
@@ -76,8 +86,10 @@ class SimulationEngine:
     def describe(self, cfg: ExperimentConfig) -> str:
         e = cfg.engine
         where = f"the Ray cluster at {e.ray_address}" if e.ray_address else "a private Ray instance"
-        return (f"simulation engine on {where}: {len(cfg.sites)} virtual sites, {e.num_cpus} CPU thread(s) and "
-                f"{e.num_gpus:g} GPU each")
+        return (
+            f"simulation engine on {where}: {len(cfg.sites)} virtual sites, {e.num_cpus} CPU thread(s) and "
+            f"{e.num_gpus:g} GPU each"
+        )
 
     def cleanup(self) -> list[int]:
         """Kill whatever the run left (Ray daemons and workers live in sessions of their own)."""
@@ -90,8 +102,12 @@ class SimulationEngine:
 def federation_config(cfg: ExperimentConfig) -> str:
     """Flower's simulation config as ``flwr run --federation-config`` takes it (TOML values)."""
     e = cfg.engine
-    items = {"num-supernodes": len(cfg.sites), "backend": '"ray"', "client-resources-num-cpus": e.num_cpus,
-             "client-resources-num-gpus": float(e.num_gpus)}
+    items = {
+        "num-supernodes": len(cfg.sites),
+        "backend": '"ray"',
+        "client-resources-num-cpus": e.num_cpus,
+        "client-resources-num-gpus": float(e.num_gpus),
+    }
     if not e.ray_address and e.ray_num_cpus:
         items["init-args-num-cpus"] = e.ray_num_cpus
     return " ".join(f"{k}={v}" for k, v in items.items())
@@ -109,17 +125,25 @@ def fill_virtual_sites(cfg: ExperimentConfig) -> dict[str, VirtualSiteConfig]:
             try:
                 d = load_site(site)
             except ValueError as e:
-                raise SystemExit(f"fedserver: virtual site {site!r}: {e}; or give engine.sites.{site}."
-                                 "{reader,data_root,state_dir}") from None
-            vs = VirtualSiteConfig(reader=d["reader"], data_root=str(d["data_root"]),
-                                   state_dir=str(d.get("state_dir") or f"~/.fedreid/state/{site}"),
-                                   public_root=str(d.get("public_root") or ""))
+                raise SystemExit(
+                    f"fedserver: virtual site {site!r}: {e}; or give engine.sites.{site}.{{reader,data_root,state_dir}}"
+                ) from None
+            vs = VirtualSiteConfig(
+                reader=d["reader"],
+                data_root=str(d["data_root"]),
+                state_dir=str(d.get("state_dir") or f"~/.fedreid/state/{site}"),
+                public_root=str(d.get("public_root") or ""),
+            )
         if not vs.data_root:
             raise SystemExit(f"fedserver: virtual site {site!r}: engine.sites.{site}.data_root is empty")
         state = vs.state_dir or f"~/.fedreid/state/{site}"
         out[site] = VirtualSiteConfig(
-            reader=vs.reader, data_root=_abs(vs.data_root), state_dir=_abs(state),
-            public_root=_abs(vs.public_root) if vs.public_root else "", device=vs.device)
+            reader=vs.reader,
+            data_root=_abs(vs.data_root),
+            state_dir=_abs(state),
+            public_root=_abs(vs.public_root) if vs.public_root else "",
+            device=vs.device,
+        )
     return out
 
 

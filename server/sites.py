@@ -51,8 +51,14 @@ def write_site_nodes(path: Path, ids: dict[str, int]) -> None:
 
 
 class SiteRoster:
-    def __init__(self, sites: list[str], *, bound: Callable[[], dict[int, str] | None] | None = None,
-                 ask: Callable[[ClientProxy, float], str] = ask_site_name, timeout_s: float = 120.0):
+    def __init__(
+        self,
+        sites: list[str],
+        *,
+        bound: Callable[[], dict[int, str] | None] | None = None,
+        ask: Callable[[ClientProxy, float], str] = ask_site_name,
+        timeout_s: float = 120.0,
+    ):
         """``bound``: returns the registration's {node id: site} (node authentication), re-read for
         every new node; None means no registration, so nodes are asked."""
         self.sites = set(sites)
@@ -79,8 +85,9 @@ class SiteRoster:
         for cid, name, why in self._identify(new, proxies):
             if why and why.startswith(NO_ANSWER) and self.tries.get(cid, 0) < ASK_TRIES:
                 self.tries[cid] = self.tries.get(cid, 0) + 1  # asked again at the next update
-                log.warning("node %s did not say its site name (try %d of %d): %s", cid, self.tries[cid],
-                            ASK_TRIES, why)
+                log.warning(
+                    "node %s did not say its site name (try %d of %d): %s", cid, self.tries[cid], ASK_TRIES, why
+                )
             elif why:
                 self.refused[cid] = why
                 log.warning("refused node %s: %s", cid, why)
@@ -96,8 +103,14 @@ class SiteRoster:
                 log.info("site %s is node %s", name, cid)
             elif cid not in self.warned:
                 self.warned.add(cid)
-                log.warning("refused node %s: site %s is already connected as node %s (first come keeps it; "
-                            "is a second fedclient running with --site %s?)", cid, name, taken[name], name)
+                log.warning(
+                    "refused node %s: site %s is already connected as node %s (first come keeps it; "
+                    "is a second fedclient running with --site %s?)",
+                    cid,
+                    name,
+                    taken[name],
+                    name,
+                )
         return {s: proxies[c] for c, s in sorted(self.names.items(), key=lambda t: t[1])}
 
     def _identify(self, cids: list[str], proxies: dict[str, ClientProxy]) -> list[tuple[str, str, str]]:
@@ -107,14 +120,18 @@ class SiteRoster:
         if self.bound is not None:
             table = self.bound()
             if table is not None:
-                return [self._check(c, table.get(_node_int(c)), "it has no registered site key (site_nodes.json)")
-                        for c in cids]
+                return [
+                    self._check(c, table.get(_node_int(c)), "it has no registered site key (site_nodes.json)")
+                    for c in cids
+                ]
         with ThreadPoolExecutor(max_workers=min(16, len(cids))) as pool:
             futures = {c: pool.submit(self.ask, proxies[c], self.timeout_s) for c in cids}
             out = []
             for c, f in futures.items():
                 try:
-                    out.append(self._check(c, f.result(), "no site name in its answer (not a fedclient of this project?)"))
+                    out.append(
+                        self._check(c, f.result(), "no site name in its answer (not a fedclient of this project?)")
+                    )
                 except Exception as e:  # noqa: BLE001 -- one node's failure refuses that node only
                     out.append((c, "", f"{NO_ANSWER}: {type(e).__name__}: {str(e)[:200]}"))
             return out
@@ -134,4 +151,3 @@ def _node_int(cid: str) -> int:
         return int(cid)
     except ValueError:
         return -1
-

@@ -131,8 +131,10 @@ class FedReIDStrategy(FedAvg):
     ) -> None:
         check_arrays(manifest, initial_arrays, who="initial parameters")
         if sampling not in SAMPLINGS or aggregation not in AGGREGATIONS or norm_action not in NORM_ACTIONS:
-            raise ValueError(f"sampling {sampling!r} (one of {SAMPLINGS}), aggregation {aggregation!r} (one of "
-                             f"{AGGREGATIONS}), norm_action {norm_action!r} (one of {NORM_ACTIONS})")
+            raise ValueError(
+                f"sampling {sampling!r} (one of {SAMPLINGS}), aggregation {aggregation!r} (one of "
+                f"{AGGREGATIONS}), norm_action {norm_action!r} (one of {NORM_ACTIONS})"
+            )
         initial = encode_arrays(manifest, initial_arrays)  # the global model, packed (common/params.py)
         super().__init__(
             fraction_fit=fraction,
@@ -188,8 +190,12 @@ class FedReIDStrategy(FedAvg):
         here and in the coordinator's checkpoint, never in a config or a message). ``local`` mode
         keeps each site's last embedding for the evaluation; FedFR keeps each site's frozen image count.
         """
-        return {"seed": self.seed, "noise_secret": self.noise_secret, "site_models": {s: [a.copy() for a in arrs] for s, arrs in self.site_models.items()},
-                "site_counts": dict(self.frozen_counts)}
+        return {
+            "seed": self.seed,
+            "noise_secret": self.noise_secret,
+            "site_models": {s: [a.copy() for a in arrs] for s, arrs in self.site_models.items()},
+            "site_counts": dict(self.frozen_counts),
+        }
 
     def restore_state(self, state: dict) -> None:
         if int(state["seed"]) != self.seed:
@@ -257,8 +263,14 @@ class FedReIDStrategy(FedAvg):
             rec.bytes_sent += sum(len(t) for t in sent.tensors)
             out.append((named[site], FitIns(sent, dict(config))))
         rec.sampled, rec.asked = len(rec.chosen), len(out)
-        log.info("round %d: %d of %d sites train, %d sampled for the average (%s)", server_round, len(out),
-                 len(named), len(rec.chosen), self.sampling)
+        log.info(
+            "round %d: %d of %d sites train, %d sampled for the average (%s)",
+            server_round,
+            len(out),
+            len(named),
+            len(rec.chosen),
+            self.sampling,
+        )
         return out
 
     # ---- receiving ----
@@ -309,7 +321,9 @@ class FedReIDStrategy(FedAvg):
             rec.site_metrics[site] = metrics
         return valid
 
-    def _bounded(self, rec: RoundRecord, updates: list[_Valid], ref: list[np.ndarray]) -> tuple[list[_Valid], list[float]]:
+    def _bounded(
+        self, rec: RoundRecord, updates: list[_Valid], ref: list[np.ndarray]
+    ) -> tuple[list[_Valid], list[float]]:
         """Bounded influence: ||update - sent|| at most norm_bound x the round's lower-median norm."""
         norms = [update_norm(v.arrays, ref) for v in updates]
         rec.update_norms = {v.site: round(n, 6) for v, n in zip(updates, norms)}
@@ -319,13 +333,24 @@ class FedReIDStrategy(FedAvg):
         kept, scales = [], []
         for v, n, c in zip(updates, norms, clip_scales(norms, rec.norm_limit)):
             if c < 1.0 and self.norm_action == "reject":
-                self._drop(rec, v.site, f"update norm {n:.4g} exceeds strategy.norm_bound={self.norm_bound:g} x the "
-                                        f"round's median norm = {rec.norm_limit:.4g} (norm_action=reject)")
+                self._drop(
+                    rec,
+                    v.site,
+                    f"update norm {n:.4g} exceeds strategy.norm_bound={self.norm_bound:g} x the "
+                    f"round's median norm = {rec.norm_limit:.4g} (norm_action=reject)",
+                )
                 continue
             if c < 1.0:
                 rec.clipped[v.site] = c
-                log.warning("round %d: clipped the update of site %s: norm %.4g > %.4g (strategy.norm_bound=%g x "
-                            "the round's median norm)", rec.server_round, v.site, n, rec.norm_limit, self.norm_bound)
+                log.warning(
+                    "round %d: clipped the update of site %s: norm %.4g > %.4g (strategy.norm_bound=%g x "
+                    "the round's median norm)",
+                    rec.server_round,
+                    v.site,
+                    n,
+                    rec.norm_limit,
+                    self.norm_bound,
+                )
             kept.append(v)
             scales.append(c)
         return kept, scales
@@ -356,15 +381,19 @@ class FedReIDStrategy(FedAvg):
         if len(updates) < self.min_fit_sites:
             log.warning(
                 "round %d: %d valid updates, fewer than strategy.min_fit_sites=%d: the global model is kept",
-                server_round, len(updates), self.min_fit_sites,
+                server_round,
+                len(updates),
+                self.min_fit_sites,
             )
             return None, {"valid_updates": len(updates)}
         weights = capped_weights([v.count for v in updates], self.weight_cap) if self.weighted else None
         if self.aggregation == "mean":  # Eq. (8) / FedFR Eq. (2, 4), clipped updates rebuilt array by array
             aggregate = average([v.arrays for v in updates], weights, scales=scales, reference=ref)
         else:
-            clipped = [v.arrays if c == 1.0 else average([v.arrays], None, scales=[c], reference=ref)
-                       for v, c in zip(updates, scales)]
+            clipped = [
+                v.arrays if c == 1.0 else average([v.arrays], None, scales=[c], reference=ref)
+                for v, c in zip(updates, scales)
+            ]
             aggregate = robust_aggregate(self.aggregation, clipped, self.trim_fraction)
         # Eq. (14): on the learnable parameters; BatchNorm running statistics stay the plain average.
         # Array by array (the same draws as one call over the list): no second copy of the model.
@@ -381,7 +410,9 @@ class FedReIDStrategy(FedAvg):
             return None  # a resumed run: its starting round was reported (and checkpointed) before
         server_round = self.true_round(server_round)
         rec = self.records.setdefault(server_round, RoundRecord(server_round))
-        arrays = [np.array(a) for a in decode_arrays(self.manifest, parameters, "global parameters", check_finite=False)]
+        arrays = [
+            np.array(a) for a in decode_arrays(self.manifest, parameters, "global parameters", check_finite=False)
+        ]
         metrics = self.on_round_end(server_round, arrays, self.site_models if self.keep_site_models else None, rec)
         return 0.0, metrics
 

@@ -73,8 +73,16 @@ def run_command(study: dict, variant: str, seed: int, run_dir: Path, data_dir: P
     spec = study["variants"][variant]
     fill = {"data": str(data_dir), "out": str(run_dir), "seed": str(seed)}
     args = [str(a).format(**fill) for a in [*study["args"], *spec.get("args", [])]]
-    return [sys.executable, *map(str, study["command"]), "--out", str(run_dir), *args, f"seed={seed}",
-            *map(str, study["overrides"]), *map(str, spec.get("overrides", []))]
+    return [
+        sys.executable,
+        *map(str, study["command"]),
+        "--out",
+        str(run_dir),
+        *args,
+        f"seed={seed}",
+        *map(str, study["overrides"]),
+        *map(str, spec.get("overrides", [])),
+    ]
 
 
 def completed(run_dir: Path) -> bool:
@@ -112,11 +120,15 @@ def run_study(study: dict, out: Path, *, only: list[str] | None = None, timeout_
             processes.stop(proc, grace_s=30)  # the run's own processes too (its process group)
         took = time.time() - t0
         if code != 0 or not completed(run_dir):
-            raise SystemExit(f"fedstudy: {variant} seed {seed} failed (exit {code}) after {took:.0f}s; "
-                             f"see {run_dir / 'study_run.log'}; re-running the study resumes from this run")
+            raise SystemExit(
+                f"fedstudy: {variant} seed {seed} failed (exit {code}) after {took:.0f}s; "
+                f"see {run_dir / 'study_run.log'}; re-running the study resumes from this run"
+            )
         left = (time.time() - t_study) / i * (len(jobs) - i)
-        print(f"fedstudy [{i}/{len(jobs)}] {variant} seed {seed}: {took:.0f}s (about {left / 60:.0f} min left)",
-              flush=True)
+        print(
+            f"fedstudy [{i}/{len(jobs)}] {variant} seed {seed}: {took:.0f}s (about {left / 60:.0f} min left)",
+            flush=True,
+        )
     return collect(study, out, variants)
 
 
@@ -136,7 +148,9 @@ def collect(study: dict, out: Path, variants: list[str]) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="fedstudy", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="fedstudy", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("study", help="a name under conf/study/ or a path to a study YAML file")
     p.add_argument("--out", default=None, help="study folder (default runs/study/<name>)")
     p.add_argument("--only", nargs="+", default=None, help="run only these variants")

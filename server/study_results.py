@@ -61,8 +61,12 @@ def summarize(per_run: dict[str, dict[int, dict[str, float]]], metrics: list[str
         for m in metrics:
             vals = [seeds[s][m] for s in sorted(seeds) if m in seeds[s]]
             if vals:
-                out[variant][m] = {"mean": float(np.mean(vals)), "std": float(np.std(vals)), "n": len(vals),
-                                   "values": vals}
+                out[variant][m] = {
+                    "mean": float(np.mean(vals)),
+                    "std": float(np.std(vals)),
+                    "n": len(vals),
+                    "values": vals,
+                }
     return out
 
 
@@ -97,10 +101,17 @@ def write_results(study_dir: str | Path, study: dict, per_run: dict, curves: dic
     study_dir = Path(study_dir)
     metrics = list(study["metrics"])
     summary = summarize(per_run, metrics)
-    atomic_json_save({"study": study["name"], "world": study.get("world", {}), "seeds": study["seeds"],
-                      "metrics": metrics, "summary": summary,
-                      "per_run": {v: {str(s): m for s, m in seeds.items()} for v, seeds in per_run.items()}},
-                     study_dir / "results.json")
+    atomic_json_save(
+        {
+            "study": study["name"],
+            "world": study.get("world", {}),
+            "seeds": study["seeds"],
+            "metrics": metrics,
+            "summary": summary,
+            "per_run": {v: {str(s): m for s, m in seeds.items()} for v, seeds in per_run.items()},
+        },
+        study_dir / "results.json",
+    )
     atomic_write_bytes(study_dir / "results.csv", csv_table(summary, metrics).encode())
     md = f"# {study['name']}\n\n{study.get('description', '').strip()}\n\nseeds: {list(study['seeds'])}\n\n"
     md += markdown_table(summary, metrics)
@@ -156,8 +167,9 @@ def plot_tradeoff(path: Path, spec: dict, summary: dict) -> Path:
     xs = sorted(points.values())
     use_log = bool(spec.get("log_x")) and all(x > 0 for x in xs)
     for m in spec["metrics"]:
-        pts = sorted((points[v], summary[v][m]["mean"] * 100, summary[v][m]["std"] * 100)
-                     for v in points if m in summary[v])
+        pts = sorted(
+            (points[v], summary[v][m]["mean"] * 100, summary[v][m]["std"] * 100) for v in points if m in summary[v]
+        )
         if pts:
             x, y, e = (np.array(col) for col in zip(*pts, strict=True))
             ax.errorbar(x, y, yerr=e, marker="o", capsize=3, label=m)

@@ -42,15 +42,25 @@ def _fedfr_offline(cfg: ExperimentConfig) -> int | None:
 
 def _fedfr_resumable(cfg: ExperimentConfig) -> None:
     if cfg.fedfr.stage != "train":
-        raise ValueError(f"{cfg.run_dir} is a FedFR pre-training (fedfr.stage={cfg.fedfr.stage}); only federated "
-                         "runs resume: run the pre-training again")
+        raise ValueError(
+            f"{cfg.run_dir} is a FedFR pre-training (fedfr.stage={cfg.fedfr.stage}); only federated "
+            "runs resume: run the pre-training again"
+        )
 
 
 TASKS: dict[str, ServerTask] = {
-    "fedreid": ServerTask(components=fedreid_components.build_components, evaluate=fedreid_fedeval.main,
-                          evaluate_usage=fedreid_fedeval.__doc__ or "", check_start=check_initial_weights),
-    "fedfr": ServerTask(components=fedfr_components.build_components, evaluate=fedfr_evaluate.main,
-                        offline=_fedfr_offline, check_resumable=_fedfr_resumable),
+    "fedreid": ServerTask(
+        components=fedreid_components.build_components,
+        evaluate=fedreid_fedeval.main,
+        evaluate_usage=fedreid_fedeval.__doc__ or "",
+        check_start=check_initial_weights,
+    ),
+    "fedfr": ServerTask(
+        components=fedfr_components.build_components,
+        evaluate=fedfr_evaluate.main,
+        offline=_fedfr_offline,
+        check_resumable=_fedfr_resumable,
+    ),
 }
 
 

@@ -8,6 +8,7 @@ can kill, restart, freeze and resume, with every wait bounded and every process 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -28,8 +29,16 @@ from tests.procutil import kill_all, processes_mentioning
 REPO = Path(__file__).resolve().parents[1]
 
 # tiny and deterministic: resnet18 at 32x16, one step of 4 images per round, one torch thread
-TINY = ["experiment=demo", "model.height=32", "model.width=16", "train.batch_size=4", "train.max_steps_per_epoch=1",
-        "train.threads=1", "eval.every=0", "wait_for_sites_s=240"]
+TINY = [
+    "experiment=demo",
+    "model.height=32",
+    "model.width=16",
+    "train.batch_size=4",
+    "train.max_steps_per_epoch=1",
+    "train.threads=1",
+    "eval.every=0",
+    "wait_for_sites_s=240",
+]
 
 
 class Federation:
@@ -38,16 +47,30 @@ class Federation:
         self.sites = sites
         self.run_dir = self.root / "run"
         self.port = processes.free_port()
-        self.overrides = [*TINY, f"run_dir={self.run_dir}", f"sites=[{','.join(sites)}]",
-                          f"strategy.min_available_sites={len(sites)}",
-                          f"superlink.address=127.0.0.1:{self.port}", "superlink.insecure=true", *overrides]
+        self.overrides = [
+            *TINY,
+            f"run_dir={self.run_dir}",
+            f"sites=[{','.join(sites)}]",
+            f"strategy.min_available_sites={len(sites)}",
+            f"superlink.address=127.0.0.1:{self.port}",
+            "superlink.insecure=true",
+            *overrides,
+        ]
         self.server: subprocess.Popen | None = None
         self.site_procs: dict[str, subprocess.Popen] = {}
         for i, site in enumerate(sites):
             data = self.data_root(site)
             if not data.is_dir():
-                write_market_layout(data, num_train_ids=4, num_test_ids=2, images_per_id=4, height=32, width=16,
-                                    seed=10 + i, identity_seed=1000 + i)
+                write_market_layout(
+                    data,
+                    num_train_ids=4,
+                    num_test_ids=2,
+                    images_per_id=4,
+                    height=32,
+                    width=16,
+                    seed=10 + i,
+                    identity_seed=1000 + i,
+                )
 
     def __enter__(self) -> Self:
         return self
@@ -99,15 +122,37 @@ class Federation:
     # ---- processes ----
     def start_server(self, *, resume: bool = False) -> subprocess.Popen:
         args = [f"resume={self.run_dir}"] if resume else self.overrides
-        self.server = processes.start([sys.executable, "-m", "server.main", *args], processes.tool_env(),
-                                      log_path=self.root / "fedserver.log", cwd=REPO)
+        self.server = processes.start(
+            [sys.executable, "-m", "server.main", *args],
+            processes.tool_env(),
+            log_path=self.root / "fedserver.log",
+            cwd=REPO,
+        )
         return self.server
 
     def start_site(self, site: str, fault: str = "") -> subprocess.Popen:
-        cmd = [sys.executable, "-m", "client.main", "--site", site, "--superlink", f"127.0.0.1:{self.port}",
-               "--insecure", "--data-root", str(self.data_root(site)), "--reader", "market1501",
-               "--state-dir", str(self.state_dir(site)), "--port", str(processes.free_port()),
-               "--max-wait-time", "120", "--batch-size", str(self.batch_size())]
+        cmd = [
+            sys.executable,
+            "-m",
+            "client.main",
+            "--site",
+            site,
+            "--superlink",
+            f"127.0.0.1:{self.port}",
+            "--insecure",
+            "--data-root",
+            str(self.data_root(site)),
+            "--reader",
+            "market1501",
+            "--state-dir",
+            str(self.state_dir(site)),
+            "--port",
+            str(processes.free_port()),
+            "--max-wait-time",
+            "120",
+            "--batch-size",
+            str(self.batch_size()),
+        ]
         if fault:
             cmd += ["--fault", fault]
         self.site_procs[site] = processes.start(cmd, processes.tool_env(), log_path=self.site_log(site), cwd=REPO)
@@ -134,10 +179,8 @@ class Federation:
     def freeze_site(self, site: str) -> None:
         """SIGSTOP every process of the site: it stays registered but never answers (unreachable)."""
         for pid in processes_mentioning(str(self.state_dir(site))):
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGSTOP)
-            except ProcessLookupError:
-                pass
 
     def kill_coordinator(self) -> None:
         """SIGKILL fedserver, its SuperLink, ServerApp and `flwr run` (a crash of the coordinator machine)."""
@@ -176,15 +219,11 @@ class Federation:
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
     proc.wait(timeout=30)
 
 
 def _kill_pid(pid: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -27,23 +28,20 @@ def processes_mentioning(marker: str) -> list[int]:
 def kill_all(proc: subprocess.Popen | None, marker: str) -> None:
     """Kill ``proc``'s process group and any process still mentioning ``marker``."""
     if proc is not None:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
         proc.wait(timeout=30)
     for pid in processes_mentioning(marker):
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 def run_to_end(cmd: list[str], *, cwd: Path, marker: str, timeout_s: float) -> tuple[int, str]:
     """Run ``cmd`` in its own session to its end (at most ``timeout_s``) and return (exit code,
     stdout+stderr); afterwards kill whatever it left that mentions ``marker``, also on a timeout."""
-    proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
     try:
         output, _ = proc.communicate(timeout=timeout_s)
     finally:

@@ -34,8 +34,10 @@ def test_integer_arrays_are_never_averaged():
     assert out[0][0] == 2.0
 
 
-@pytest.mark.parametrize("fraction,n,expected", [(1.0, 4, 4), (0.5, 4, 2), (0.3, 10, 3), (0.26, 4, 2),
-                                                 (0.01, 4, 1), (0.75, 4, 3), (0.34, 3, 2)])
+@pytest.mark.parametrize(
+    "fraction,n,expected",
+    [(1.0, 4, 4), (0.5, 4, 2), (0.3, 10, 3), (0.26, 4, 2), (0.01, 4, 1), (0.75, 4, 3), (0.34, 3, 2)],
+)
 def test_sampling_count_is_ceil_s_times_n(fraction, n, expected):
     rng = np.random.default_rng(0)
     picked = sample_sites([f"node{i}" for i in range(n)], fraction, rng)

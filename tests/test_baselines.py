@@ -26,9 +26,13 @@ SITES = ["market1501", "dukemtmc"]
 
 def test_label_offsets_follow_the_configured_site_order():
     assert label_offsets({"dukemtmc": 702, "market1501": 751}, ["market1501", "dukemtmc"]) == {
-        "market1501": 0, "dukemtmc": 751}
+        "market1501": 0,
+        "dukemtmc": 751,
+    }
     assert label_offsets({"dukemtmc": 702, "market1501": 751}, ["dukemtmc", "market1501"]) == {
-        "dukemtmc": 0, "market1501": 702}
+        "dukemtmc": 0,
+        "market1501": 702,
+    }
     with pytest.raises(ValueError, match="missing for site"):
         label_offsets({"market1501": 3}, SITES)
     assert not MODES["fedavg"].expert and not MODES["local"].expert and MODES["local_expert"].expert
@@ -48,8 +52,15 @@ def _fedavg_strategy(cfg, counts: dict[str, int], asked: list):
         asked.append(proxy.cid)
         return names[proxy.cid], counts[names[proxy.cid]]
 
-    return FedAvgStrategy(manifest=man, initial_arrays=init, min_available_sites=2, wait_for_sites_s=1,
-                          sites=cfg.sites, head_size=cfg.strategy.fedavg_num_classes, ask=ask), init
+    return FedAvgStrategy(
+        manifest=man,
+        initial_arrays=init,
+        min_available_sites=2,
+        wait_for_sites_s=1,
+        sites=cfg.sites,
+        head_size=cfg.strategy.fedavg_num_classes,
+        ask=ask,
+    ), init
 
 
 def test_fedavg_strategy_sends_offsets_from_the_sites_census():
@@ -75,8 +86,16 @@ def two_sites(tmp_path_factory):
     roots = {}
     for i, site in enumerate(SITES):
         roots[site] = tmp_path_factory.mktemp(site)
-        write_market_layout(roots[site], num_train_ids=4, num_test_ids=2, images_per_id=4, height=32, width=16,
-                            seed=20 + i, identity_seed=500 + i)
+        write_market_layout(
+            roots[site],
+            num_train_ids=4,
+            num_test_ids=2,
+            images_per_id=4,
+            height=32,
+            width=16,
+            seed=20 + i,
+            identity_seed=500 + i,
+        )
     return roots
 
 
@@ -115,8 +134,9 @@ def test_under_fedavg_two_sites_identity_0_map_to_different_logits(two_sites, tm
 
 
 @pytest.mark.parametrize("mode,expects_expert", [("local", False), ("local_expert", True), ("fedreid", True)])
-def test_local_trains_without_an_expert_and_local_expert_with_one(tiny_site, tmp_path, monkeypatch, mode,
-                                                                   expects_expert):
+def test_local_trains_without_an_expert_and_local_expert_with_one(
+    tiny_site, tmp_path, monkeypatch, mode, expects_expert
+):
     cfg = tiny_config(strategy={"mode": mode, "min_available_sites": 2}, train={"local_expert": True})
     seen = {}
     real = nc.train_round

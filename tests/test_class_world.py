@@ -18,7 +18,13 @@ from common.evaluation.linear_probe import probe_accuracy
 
 def test_idx_header_parsed_by_hand(tmp_path):
     # ubyte, 3 dims 2x2x3, values 0..11, written byte by byte as the IDX specification says
-    raw = bytes([0, 0, 0x08, 3]) + (2).to_bytes(4, "big") + (2).to_bytes(4, "big") + (3).to_bytes(4, "big") + bytes(range(12))
+    raw = (
+        bytes([0, 0, 0x08, 3])
+        + (2).to_bytes(4, "big")
+        + (2).to_bytes(4, "big")
+        + (3).to_bytes(4, "big")
+        + bytes(range(12))
+    )
     (tmp_path / "a-idx3-ubyte").write_bytes(raw)
     with gzip.open(tmp_path / "b-idx3-ubyte.gz", "wb") as f:
         f.write(raw)
@@ -27,7 +33,9 @@ def test_idx_header_parsed_by_hand(tmp_path):
         assert arr.shape == (2, 2, 3) and arr.dtype == np.uint8
         assert arr[1, 0, 2] == 8  # C order: 1*6 + 0*3 + 2
     # big-endian int32
-    raw32 = bytes([0, 0, 0x0C, 1]) + (2).to_bytes(4, "big") + (-5).to_bytes(4, "big", signed=True) + (7).to_bytes(4, "big")
+    raw32 = (
+        bytes([0, 0, 0x0C, 1]) + (2).to_bytes(4, "big") + (-5).to_bytes(4, "big", signed=True) + (7).to_bytes(4, "big")
+    )
     (tmp_path / "c").write_bytes(raw32)
     assert read_idx(tmp_path / "c").tolist() == [-5, 7]
 
@@ -119,8 +127,17 @@ def _toy(n_per_class, classes, seed):
 def test_class_world_layout_is_read_by_the_market_reader(tmp_path, iid):
     train, test = _toy(12, 6, 0), _toy(5, 6, 1)
     world = split_classes(6, 2, 2, iid=iid)
-    roots = write_class_world(tmp_path, world, train, test, site_names=["s1", "s2"], per_class=4,
-                              queries_per_class=2, gallery_per_class=3, seed=0)
+    roots = write_class_world(
+        tmp_path,
+        world,
+        train,
+        test,
+        site_names=["s1", "s2"],
+        per_class=4,
+        queries_per_class=2,
+        gallery_per_class=3,
+        seed=0,
+    )
     seen_files = []
     for name, classes in zip(["s1", "s2"], world.site_classes, strict=True):
         r = build_reader("market1501", roots[name])
@@ -136,28 +153,64 @@ def test_class_world_layout_is_read_by_the_market_reader(tmp_path, iid):
     assert {x.camid for x in t.query} == {0} and {x.camid for x in t.gallery} == {1}
     # a second call with the same world writes nothing new
     before = sorted(p.stat().st_mtime_ns for p in tmp_path.rglob("*.png"))
-    write_class_world(tmp_path, world, train, test, site_names=["s1", "s2"], per_class=4,
-                      queries_per_class=2, gallery_per_class=3, seed=0)
+    write_class_world(
+        tmp_path,
+        world,
+        train,
+        test,
+        site_names=["s1", "s2"],
+        per_class=4,
+        queries_per_class=2,
+        gallery_per_class=3,
+        seed=0,
+    )
     assert sorted(p.stat().st_mtime_ns for p in tmp_path.rglob("*.png")) == before
 
 
 def test_class_world_sites_never_share_an_image(tmp_path):
     train, test = _toy(8, 4, 0), _toy(6, 4, 1)
     world = split_classes(4, 2, 1, iid=True)
-    roots = write_class_world(tmp_path, world, train, test, site_names=["a", "b"], per_class=4, queries_per_class=2,
-                              gallery_per_class=2, seed=3)
+    roots = write_class_world(
+        tmp_path,
+        world,
+        train,
+        test,
+        site_names=["a", "b"],
+        per_class=4,
+        queries_per_class=2,
+        gallery_per_class=2,
+        seed=3,
+    )
     a, b = ({p.name.split("_")[2] for p in roots[s].rglob("bounding_box_train/*.png")} for s in ("a", "b"))
     assert len(a) == len(b) == 12 and not a & b  # 3 classes x 4 images each, 8 images per class in all
     with pytest.raises(ValueError, match="not enough for 5 per site"):
-        write_class_world(tmp_path / "x", world, train, test, site_names=["a", "b"], per_class=5,
-                          queries_per_class=2, gallery_per_class=2, seed=3)
+        write_class_world(
+            tmp_path / "x",
+            world,
+            train,
+            test,
+            site_names=["a", "b"],
+            per_class=5,
+            queries_per_class=2,
+            gallery_per_class=2,
+            seed=3,
+        )
 
 
 def test_pooled_site_keeps_identities_apart(tmp_path):
     train, test = _toy(6, 4, 0), _toy(6, 4, 1)
     world = split_classes(4, 3, 1, iid=True)  # every site has classes 0..2: the same pids at three sites
-    roots = write_class_world(tmp_path / "w", world, train, test, site_names=["a", "b", "c"], per_class=2,
-                              queries_per_class=2, gallery_per_class=2, seed=0)
+    roots = write_class_world(
+        tmp_path / "w",
+        world,
+        train,
+        test,
+        site_names=["a", "b", "c"],
+        per_class=2,
+        queries_per_class=2,
+        gallery_per_class=2,
+        seed=0,
+    )
     pooled = pool_market_sites([roots["a"], roots["b"], roots["c"]], tmp_path / "pooled")
     r = build_reader("market1501", pooled.parent)
     assert len(r.train) == 18
@@ -207,7 +260,9 @@ def test_score_target_reports_the_probe_per_target():
     out = score_target(TargetSet("t", records, [(q, g)]), feats, linear_probe=True)
     assert out["t/probe"] == probe_accuracy(feats[g], pids[g], feats[q], pids[q])
     assert "t/probe" not in score_target(TargetSet("t", records, [(q, g)]), feats)
-    assert mean_over_targets(out | {"u/probe": 0.5}, ["t", "u"])["mean/probe"] == pytest.approx((out["t/probe"] + 0.5) / 2)
+    assert mean_over_targets(out | {"u/probe": 0.5}, ["t", "u"])["mean/probe"] == pytest.approx(
+        (out["t/probe"] + 0.5) / 2
+    )
 
 
 def test_fedsim_class_world_and_pooled_site(tmp_path):
@@ -220,14 +275,31 @@ def test_fedsim_class_world_and_pooled_site(tmp_path):
         labels = np.arange(n * 4) % 4
         write_idx(src / f"{prefix}-images-idx3-ubyte.gz", rng.integers(0, 256, (n * 4, 28, 28), dtype=np.uint8))
         write_idx(src / f"{prefix}-labels-idx1-ubyte.gz", labels.astype(np.uint8))
-    sites, targets = write_class_data(tmp_path / "data", "fashion-mnist", src, ["a", "b"], held_out=2,
-                                      per_class=3, queries_per_class=2, gallery_per_class=3)
+    sites, targets = write_class_data(
+        tmp_path / "data",
+        "fashion-mnist",
+        src,
+        ["a", "b"],
+        held_out=2,
+        per_class=3,
+        queries_per_class=2,
+        gallery_per_class=3,
+    )
     assert set(targets) == {"held_out"}
     assert [len(build_reader("market1501", root).train) for _, root in sites.values()] == [3, 3]
     pooled = pool_sites(tmp_path / "data", sites)
     assert len(build_reader("market1501", pooled[POOLED][1]).train) == 6
-    iid, _ = write_class_data(tmp_path / "data", "fashion-mnist", src, ["a", "b"], iid=True, held_out=2,
-                              per_class=4, queries_per_class=2, gallery_per_class=3)
+    iid, _ = write_class_data(
+        tmp_path / "data",
+        "fashion-mnist",
+        src,
+        ["a", "b"],
+        iid=True,
+        held_out=2,
+        per_class=4,
+        queries_per_class=2,
+        gallery_per_class=3,
+    )
     # iid: both sites see both training classes, half of the per-class images each
     assert [build_reader("market1501", r).splits.num_train_pids for _, r in iid.values()] == [2, 2]
     with pytest.raises(SystemExit, match="cannot read"):

@@ -35,6 +35,7 @@ def interpolate(obj, env: dict[str, str]):
     if isinstance(obj, list):
         return [interpolate(v, env) for v in obj]
     if isinstance(obj, str):
+
         def sub(m: re.Match) -> str:
             if m.group(1) not in env and m.group(2) is None:
                 raise KeyError(f"${{{m.group(1)}}} has no default in the compose file")
@@ -132,7 +133,10 @@ def test_coordinator_command_composes_with_the_real_config(compose, tmp_path):
     # with those files in place, the SuperLink starts with TLS and node authentication
     certs_main([str(tmp_path), "--host", "superlink"])
     cfg.superlink.ca_cert, cfg.superlink.cert, cfg.superlink.key = (
-        str(tmp_path / "ca.crt"), str(tmp_path / "server.pem"), str(tmp_path / "server.key"))
+        str(tmp_path / "ca.crt"),
+        str(tmp_path / "server.pem"),
+        str(tmp_path / "server.key"),
+    )
     sl = build_superlink_cmd(cfg)
     assert "--enable-supernode-auth" in sl and "--insecure" not in sl
     # the demo experiment (plain text on loopback) cannot switch TLS off through the compose file
@@ -212,10 +216,18 @@ def test_dockerfile_installs_from_pyproject_dependencies_before_the_source(tmp_p
     assert "# syntax=" not in text and "<<" not in text
     # the dependency list alone feeds the big layer, which comes before the source: editing the
     # source or the rest of pyproject.toml keeps it cached
-    order = [text.index(s) for s in ("COPY pyproject.toml /tmp/", "FROM ${BASE_IMAGE}\n",
-                                     "COPY --from=requirements /tmp/requirements.txt /tmp/requirements.txt",
-                                     "pip install -r /tmp/requirements.txt", "COPY . .",
-                                     "pip install --no-deps -e .", "USER fedreid")]
+    order = [
+        text.index(s)
+        for s in (
+            "COPY pyproject.toml /tmp/",
+            "FROM ${BASE_IMAGE}\n",
+            "COPY --from=requirements /tmp/requirements.txt /tmp/requirements.txt",
+            "pip install -r /tmp/requirements.txt",
+            "COPY . .",
+            "pip install --no-deps -e .",
+            "USER fedreid",
+        )
+    ]
     assert order == sorted(order)
     # run the Dockerfile's own extraction of the dependency list on our pyproject
     code = re.search(r'RUN python3 -c "(.*?)"\n', text, re.DOTALL).group(1).replace("\\\n", "")
@@ -260,8 +272,14 @@ def test_proxy_forwards_only_the_fleet_api_to_the_loopback_superlink(compose):
 
 
 def test_fedclient_help_lists_the_flags_compose_uses(compose):
-    r = subprocess.run([sys.executable, "-m", "client.main", "--help"], cwd=REPO, capture_output=True, text=True,
-                       timeout=60, check=True)
+    r = subprocess.run(
+        [sys.executable, "-m", "client.main", "--help"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
     used = {a for site in SITES for a in compose["services"][site]["command"] if a.startswith("--")}
     assert used and all(f in r.stdout for f in used), sorted(f for f in used if f not in r.stdout)
 
@@ -269,22 +287,31 @@ def test_fedclient_help_lists_the_flags_compose_uses(compose):
 @pytest.mark.skipif(not (REPO / ".git").exists() or not shutil.which("git"), reason="not a git checkout")
 def test_secrets_folder_is_git_ignored():
     paths = ["docker/secrets/sites/market1501.key", "docker/secrets/tls/server.key", "docker/secrets/tls/ca.key"]
-    r = subprocess.run(["git", "check-ignore", *paths], cwd=REPO, capture_output=True, text=True, timeout=30,
-                       check=False)
+    r = subprocess.run(
+        ["git", "check-ignore", *paths], cwd=REPO, capture_output=True, text=True, timeout=30, check=False
+    )
     assert r.stdout.split() == paths
 
 
 @pytest.mark.skipif(not shutil.which("make"), reason="make is not installed")
 def test_make_targets_drive_docker_compose():
-    mk = "Makefile" if (REPO / "Makefile").is_file() and "compose-up" in (REPO / "Makefile").read_text() \
+    mk = (
+        "Makefile"
+        if (REPO / "Makefile").is_file() and "compose-up" in (REPO / "Makefile").read_text()
         else "docker/compose.mk"
+    )
     env = {k: v for k, v in os.environ.items() if k not in ("GPU", "VOLUMES")}
 
     def dry(*args: str) -> str:
-        return subprocess.run(["make", "-f", mk, "-n", *args], cwd=REPO, capture_output=True, text=True,
-                              check=True, timeout=30, env=env).stdout
+        return subprocess.run(
+            ["make", "-f", mk, "-n", *args], cwd=REPO, capture_output=True, text=True, check=True, timeout=30, env=env
+        ).stdout
 
     up, gpu, down = dry("compose-up"), dry("compose-up", "GPU=1"), dry("compose-down")
-    assert "docker compose -p fedreid -f docker/compose.yaml" in up and " up --build" in up and "compose.gpu.yaml" not in up
+    assert (
+        "docker compose -p fedreid -f docker/compose.yaml" in up
+        and " up --build" in up
+        and "compose.gpu.yaml" not in up
+    )
     assert "-f docker/compose.gpu.yaml" in gpu and "SITE_DEVICE=cuda" in gpu
     assert "docker compose -p fedreid -f docker/compose.yaml" in down and " down" in down

@@ -107,17 +107,11 @@ def test_file_formats_follow_the_real_releases(written):
 
 def test_msmt17_v2_and_3dpes_rgb_variants(tmp_path):
     v2 = write_layout("msmt17", tmp_path / "m", num_ids=4, images_per_id=2, version="V2", **SMALL)
-    assert (
-        v2.name == "MSMT17_V2"
-        and (v2 / "mask_train_v2").is_dir()
-        and (v2 / "mask_test_v2").is_dir()
-    )
+    assert v2.name == "MSMT17_V2" and (v2 / "mask_train_v2").is_dir() and (v2 / "mask_test_v2").is_dir()
     r = build_reader("msmt17", tmp_path / "m")
     assert r.version == "MSMT17_V2" and (len(r.train), len(r.query), len(r.gallery)) == (4, 2, 2)
     rgb = write_layout("3dpes", tmp_path / "p", num_ids=3, images_per_id=2, release="rgb", **SMALL)
-    assert all(
-        re.fullmatch(r"\d{3}_\d_FRAME_\d+_RGB\.bmp", p.name) for p in (rgb / "RGB").iterdir()
-    )
+    assert all(re.fullmatch(r"\d{3}_\d_FRAME_\d+_RGB\.bmp", p.name) for p in (rgb / "RGB").iterdir())
     assert len(build_reader("3dpes", rgb).all) == 6
 
 

@@ -82,9 +82,7 @@ def test_empty_root_names_the_first_missing_path(tmp_path, name):
     with pytest.raises(DatasetLayoutError) as e:
         build_reader(name, tmp_path)
     msg = str(e.value)
-    assert str(tmp_path / MISSING_PATH[name]) in msg or (
-        str(tmp_path) in msg and MISSING_PATH[name] in msg
-    )
+    assert str(tmp_path / MISSING_PATH[name]) in msg or (str(tmp_path) in msg and MISSING_PATH[name] in msg)
     assert "expected layout" in msg
 
 
@@ -133,9 +131,7 @@ def test_corrupted_image_error_and_skip_modes(written, tmp_path, name):
     assert skipped.num_corrupt == 1 and list(skipped.corrupt_files) == [victim]
     assert victim not in {x.path for x in all_records(skipped)}
     kept = [x for x in clean.gallery if x.path != victim]
-    assert skipped.gallery == kept or (
-        not clean.gallery and len(skipped.train) == len(clean.train) - 1
-    )
+    assert skipped.gallery == kept or (not clean.gallery and len(skipped.train) == len(clean.train) - 1)
 
 
 def test_truncated_jpeg_is_caught(written, tmp_path):
@@ -236,12 +232,8 @@ def test_cuhk03_extraction_once_then_scipy_only(written, tmp_path):
     assert len(first) == 6 * 4 and not (root / "cuhk03" / "images_detected.partial").exists()
     assert all(re.fullmatch(r"[1-5]_\d{3}_[12]_\d{2}\.png", n) for n in first)
     build_reader("cuhk03", root)
-    assert first == {
-        p.name: p.stat().st_mtime_ns for p in (root / "cuhk03" / "images_detected").iterdir()
-    }
-    shutil.rmtree(
-        root / "cuhk03" / "cuhk03_release"
-    )  # torchreid-extracted folders: no raw .mat needed
+    assert first == {p.name: p.stat().st_mtime_ns for p in (root / "cuhk03" / "images_detected").iterdir()}
+    shutil.rmtree(root / "cuhk03" / "cuhk03_release")  # torchreid-extracted folders: no raw .mat needed
     assert all_records(build_reader("cuhk03", root)) == all_records(r)
     (root / "cuhk03" / "images_detected" / Path(r.query[0].path).name).unlink()
     with pytest.raises(DatasetLayoutError, match=re.escape(Path(r.query[0].path).name)):
@@ -266,19 +258,19 @@ def test_cuhk03_read_only_data_extracts_into_the_cache(written, tmp_path, monkey
     (cached,) = (tmp_path / "cache").glob("cuhk03-*/images_detected")
     assert {Path(x.path).parent for x in all_records(r)} == {cached}
     # the same images and records as an extraction beside the data
-    assert [(Path(x.path).name, x.pid, x.camid) for x in all_records(r)] == \
-        [(Path(x.path).name, x.pid, x.camid) for x in all_records(expected)]
+    assert [(Path(x.path).name, x.pid, x.camid) for x in all_records(r)] == [
+        (Path(x.path).name, x.pid, x.camid) for x in all_records(expected)
+    ]
     for x in r.query:
-        assert (cached / Path(x.path).name).read_bytes() == (writable / "cuhk03" / "images_detected" /
-                                                             Path(x.path).name).read_bytes()
+        assert (cached / Path(x.path).name).read_bytes() == (
+            writable / "cuhk03" / "images_detected" / Path(x.path).name
+        ).read_bytes()
     build_reader("cuhk03", ro)  # extracted once: found again in the cache
     assert len(list((tmp_path / "cache").iterdir())) == 1
 
 
 def test_cuhk03_classic_split(written):
-    raw = loadmat(
-        written["cuhk03"] / "cuhk03" / "cuhk03_release" / "cuhk-03.mat", variable_names=["testsets"]
-    )
+    raw = loadmat(written["cuhk03"] / "cuhk03" / "cuhk03_release" / "cuhk-03.mat", variable_names=["testsets"])
     test2 = {(int(a), int(b)) for a, b in raw["testsets"][0, 2]}
     r = build_reader("cuhk03", written["cuhk03"], protocol="classic", split_id=2)
     assert r.query == r.gallery
@@ -333,9 +325,7 @@ def test_3dpes_both_releases(written, tmp_path):
         assert x.pid == int(Path(x.path).parent.name)
     for pid in range(1, 7):  # per-image camids: only the query itself is same-camera
         assert sorted(x.camid for x in r.all if x.pid == pid) == [0, 1, 2, 3]
-    rgb = write_layout(
-        "3dpes", tmp_path / "rgb", num_ids=3, images_per_id=3, release="rgb", **SMALL
-    )
+    rgb = write_layout("3dpes", tmp_path / "rgb", num_ids=3, images_per_id=3, release="rgb", **SMALL)
     files = sorted((rgb / "RGB").iterdir())
     cams = sorted({f.name.split("_")[1] for f in files})
     r2 = build_reader("3dpes", rgb, use_file_cameras=True)
@@ -431,9 +421,7 @@ def test_cuhksysu_crop_is_the_annotated_box(written):
     x = r.gallery[0]
     _, scene, bx, by, bw, bh = Path(x.path).stem.split("_")
     with Image.open(written["cuhksysu"] / "CUHK-SYSU" / "Image" / "SSM" / f"{scene}.jpg") as im:
-        region = np.asarray(im.convert("RGB"))[
-            int(by) : int(by) + int(bh), int(bx) : int(bx) + int(bw)
-        ]
+        region = np.asarray(im.convert("RGB"))[int(by) : int(by) + int(bh), int(bx) : int(bx) + int(bw)]
     with Image.open(x.path) as im:
         crop = np.asarray(im.convert("RGB"))
     assert crop.shape == region.shape

@@ -17,9 +17,7 @@ from common.datasets.splits import load_splits, make_random_splits, save_splits
 
 def fake_records(counts: dict[int, int]) -> list[Record]:
     """``counts[pid]`` images per identity; camid = image index (as the small readers do)."""
-    return [
-        Record(f"/data/{pid:04d}{k:03d}.jpg", pid, k) for pid, n in counts.items() for k in range(n)
-    ]
+    return [Record(f"/data/{pid:04d}{k:03d}.jpg", pid, k) for pid, n in counts.items() for k in range(n)]
 
 
 COUNTS = {pid: 2 + pid % 4 for pid in range(1, 22)}  # 21 ids with 2..5 images
@@ -44,9 +42,7 @@ def test_half_of_the_identities_one_query_each_rest_gallery():
     for s in make_random_splits(recs, num_splits=10, seed=0):
         test_ids = {r.pid for r in s.query}
         assert len(test_ids) == math.ceil(len(eligible) / 2) == 11
-        assert Counter(r.pid for r in s.query) == dict.fromkeys(
-            test_ids, 1
-        )  # exactly one query each
+        assert Counter(r.pid for r in s.query) == dict.fromkeys(test_ids, 1)  # exactly one query each
         assert {r.pid for r in s.gallery} == test_ids
         assert len(s.gallery) == sum(COUNTS[p] - 1 for p in test_ids)
         q_paths, g_paths = {r.path for r in s.query}, {r.path for r in s.gallery}
@@ -77,9 +73,7 @@ def test_query_is_uniform_over_an_identitys_images():
 
 
 def test_json_round_trip_and_checks(tmp_path):
-    root = write_layout(
-        "ilids", tmp_path / "data", num_ids=6, images_per_id=3, seed=2, height=32, width=16
-    )
+    root = write_layout("ilids", tmp_path / "data", num_ids=6, images_per_id=3, seed=2, height=32, width=16)
     reader = build_reader("ilids", root)
     splits = make_random_splits(reader.all, num_splits=4, seed=7, name="ilids")
     path = save_splits(tmp_path / "splits" / "ilids.json", splits, seed=7)

@@ -22,8 +22,9 @@ SMALL = {"train_ids": 3, "images_per_id": 3, "target_ids": 3}
 
 
 def _files(root: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()
-            and p.name != MARKER}
+    return {
+        str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file() and p.name != MARKER
+    }
 
 
 def test_the_fingerprint_follows_the_generators_source_and_parameters(tmp_path):
@@ -57,10 +58,31 @@ def test_demo_data_of_an_older_generator_is_rewritten(tmp_path):
 
 
 def _demo(out: Path, threads: str, tmp_path: Path) -> list[dict]:
-    cmd = [sys.executable, "-m", "server.sim", "--out", str(out), "--sites", "market1501", "dukemtmc",
-           "--train-ids", "4", "--images-per-id", "4", "--target-ids", "4", "--timeout", "840",
-           "rounds=1", "model.height=32", "model.width=16", "train.batch_size=4", "train.max_steps_per_epoch=2",
-           "wait_for_sites_s=300", "round_timeout_s=400"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "server.sim",
+        "--out",
+        str(out),
+        "--sites",
+        "market1501",
+        "dukemtmc",
+        "--train-ids",
+        "4",
+        "--images-per-id",
+        "4",
+        "--target-ids",
+        "4",
+        "--timeout",
+        "840",
+        "rounds=1",
+        "model.height=32",
+        "model.width=16",
+        "train.batch_size=4",
+        "train.max_steps_per_epoch=2",
+        "wait_for_sites_s=300",
+        "round_timeout_s=400",
+    ]
     env = {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
     old = {k: os.environ.get(k) for k in env}
     os.environ.update(env)  # inherited by fedserver, the ServerApp and the sites

@@ -34,8 +34,15 @@ SITES = ["market1501", "dukemtmc", "cuhk03", "msmt17"]
 BASE = os.environ.get("FEDREID_DOCKER_BASE_IMAGE", "fedreid-base:bookworm")
 IMAGE, PROXY_IMAGE = "fedreid:latest", "fedreid-proxy:latest"
 UID = 10001  # the image's user (docker/Dockerfile), owner of the mounted secrets
-TINY = ["model.height=32", "model.width=16", "train.max_steps_per_epoch=2", "train.batch_size=4", "eval.every=0",
-        "wait_for_sites_s=300", "round_timeout_s=300"]
+TINY = [
+    "model.height=32",
+    "model.width=16",
+    "train.max_steps_per_epoch=2",
+    "train.batch_size=4",
+    "eval.every=0",
+    "wait_for_sites_s=300",
+    "round_timeout_s=300",
+]
 BUILD_TIMEOUT_S = 2400  # the first build downloads torch (several GB); later builds hit the layer cache
 RUN_TIMEOUT_S = 900
 
@@ -82,11 +89,19 @@ def build_images() -> dict:
     """Both images on the local base; returns the build seconds and the image size."""
     env = {**os.environ, "DOCKER_BUILDKIT": "0"}  # the classic builder: no BuildKit frontend to pull
     t0 = time.monotonic()
-    ok(["docker", "build", "-f", "docker/Dockerfile", "--build-arg", f"BASE_IMAGE={BASE}", "-t", IMAGE, "."],
-       BUILD_TIMEOUT_S, cwd=REPO, env=env)
+    ok(
+        ["docker", "build", "-f", "docker/Dockerfile", "--build-arg", f"BASE_IMAGE={BASE}", "-t", IMAGE, "."],
+        BUILD_TIMEOUT_S,
+        cwd=REPO,
+        env=env,
+    )
     seconds = time.monotonic() - t0
-    ok(["docker", "build", "--build-arg", f"BASE_IMAGE={BASE}", "-t", PROXY_IMAGE, "docker/proxy"],
-       600, cwd=REPO, env=env)
+    ok(
+        ["docker", "build", "--build-arg", f"BASE_IMAGE={BASE}", "-t", PROXY_IMAGE, "docker/proxy"],
+        600,
+        cwd=REPO,
+        env=env,
+    )
     size = int(ok(["docker", "image", "inspect", "-f", "{{.Size}}", IMAGE], 60))
     return {"build_s": round(seconds, 1), "image_bytes": size}
 
@@ -97,10 +112,22 @@ def make_deployment(root: Path) -> dict[str, str]:
     assert certs_main([str(secrets / "tls"), "--host", "superlink"]) == 0
     for i, site in enumerate(SITES):
         assert keygen_main(["--site", site, "--out", str(secrets / "sites")]) == 0
-        assert register_site_main([str(secrets / "sites" / f"{site}.pub"), "--site", site,
-                                   "--keys-dir", str(secrets / "registry")]) == 0
-        write_layout(load_site(site)["reader"], data / site, num_ids=8, images_per_id=4, height=32, width=16,
-                     seed=40 + i, identity_seed=5000 + i)
+        assert (
+            register_site_main(
+                [str(secrets / "sites" / f"{site}.pub"), "--site", site, "--keys-dir", str(secrets / "registry")]
+            )
+            == 0
+        )
+        write_layout(
+            load_site(site)["reader"],
+            data / site,
+            num_ids=8,
+            images_per_id=4,
+            height=32,
+            width=16,
+            seed=40 + i,
+            identity_seed=5000 + i,
+        )
     for path in [root, *root.rglob("*")]:  # bind mounts keep host ownership: the container user reads them
         os.chown(path, UID, UID)
         path.chmod(0o755 if path.is_dir() else (0o600 if path.suffix == ".key" else 0o644))
@@ -109,8 +136,10 @@ def make_deployment(root: Path) -> dict[str, str]:
 
 def volume_exec(volume: str, mount: str, code: str) -> str:
     """Run Python in a throwaway container of the image with one volume mounted (read-only)."""
-    return ok(["docker", "run", "--rm", "--user", f"{UID}:{UID}", "-v", f"{volume}:{mount}:ro", IMAGE,
-               "python", "-c", code], 180)
+    return ok(
+        ["docker", "run", "--rm", "--user", f"{UID}:{UID}", "-v", f"{volume}:{mount}:ro", IMAGE, "python", "-c", code],
+        180,
+    )
 
 
 @pytest.mark.timeout(BUILD_TIMEOUT_S + RUN_TIMEOUT_S + 600)
@@ -118,12 +147,25 @@ def test_compose_coordinator_proxy_and_four_sites_two_rounds():
     figures = build_images()
     root = Path(tempfile.mkdtemp(prefix="fedreid-compose-"))
     project = f"fedreidtest{os.getpid()}"
-    compose = [*compose_cli(), "-p", project, "-f", str(REPO / "docker" / "compose.yaml"),
-               "-f", str(root / "override.yaml")]
+    compose = [
+        *compose_cli(),
+        "-p",
+        project,
+        "-f",
+        str(REPO / "docker" / "compose.yaml"),
+        "-f",
+        str(root / "override.yaml"),
+    ]
     env = dict(os.environ)
     try:
-        env |= {**make_deployment(root), "FEDREID_EXPERIMENT": "demo", "FEDREID_ROUNDS": "2", "FEDREID_BATCH_SIZE": "4",
-                "FEDREID_MIN_SITES": "4", "FEDREID_PORT": "127.0.0.1:"}  # a free loopback port on the host
+        env |= {
+            **make_deployment(root),
+            "FEDREID_EXPERIMENT": "demo",
+            "FEDREID_ROUNDS": "2",
+            "FEDREID_BATCH_SIZE": "4",
+            "FEDREID_MIN_SITES": "4",
+            "FEDREID_PORT": "127.0.0.1:",
+        }  # a free loopback port on the host
         # the tiny settings, appended to the coordinator's own command by a compose override file
         command = yaml.safe_load((REPO / "docker" / "compose.yaml").read_text())["services"]["superlink"]["command"]
         (root / "override.yaml").write_text(yaml.safe_dump({"services": {"superlink": {"command": command + TINY}}}))
@@ -152,21 +194,41 @@ def _run_and_check(compose: list[str], env: dict, project: str, figures: dict) -
     # a site's container stops when its fedclient ends with the run, and would take the shell with it).
     intruder = (
         "set -u; export FLWR_HOME=/tmp/intruder; mkdir -p $FLWR_HOME; "
-        "printf '[superlink]\\ndefault = \"x\"\\n\\n[superlink.x]\\naddress = \"superlink:9092\"\\n"
-        "root-certificates = \"/ca.crt\"\\n' > $FLWR_HOME/config.toml; "
-        "timeout 120 flwr run /app x; echo \"flwr_run_exit=$?\"; "
+        'printf \'[superlink]\\ndefault = "x"\\n\\n[superlink.x]\\naddress = "superlink:9092"\\n'
+        'root-certificates = "/ca.crt"\\n\' > $FLWR_HOME/config.toml; '
+        'timeout 120 flwr run /app x; echo "flwr_run_exit=$?"; '
         "fedclient keygen --site market1501 --out /tmp/intruder/keys >/dev/null; "
         "timeout 120 fedserver register-site /tmp/intruder/keys/market1501.pub --site market1501 "
-        "--superlink superlink:9092 --root-certificates /ca.crt; echo \"register_exit=$?\"; "
+        '--superlink superlink:9092 --root-certificates /ca.crt; echo "register_exit=$?"; '
         "python -c \"import socket; socket.create_connection(('superlink', 9091), timeout=5)\" 2>/dev/null; "
-        "echo \"loopback_exit=$?\"")
+        'echo "loopback_exit=$?"'
+    )
     ca = Path(env["FEDREID_SECRETS"]) / "tls" / "ca.crt"
-    r = sh(["docker", "run", "--rm", "--network", f"{project}_federation", "-v", f"{ca}:/ca.crt:ro",
-            "--entrypoint", "sh", IMAGE, "-c", intruder], 400)
+    r = sh(
+        [
+            "docker",
+            "run",
+            "--rm",
+            "--network",
+            f"{project}_federation",
+            "-v",
+            f"{ca}:/ca.crt:ro",
+            "--entrypoint",
+            "sh",
+            IMAGE,
+            "-c",
+            intruder,
+        ],
+        400,
+    )
     out = r.stdout + r.stderr
     print("---- from the site container:\n" + out[-3000:])
-    codes = dict(line.split("=") for line in r.stdout.splitlines() if line.endswith(tuple("0123456789"))
-                 and line.split("=")[0] in ("flwr_run_exit", "register_exit", "loopback_exit"))
+    codes = dict(
+        line.split("=")
+        for line in r.stdout.splitlines()
+        if line.endswith(tuple("0123456789"))
+        and line.split("=")[0] in ("flwr_run_exit", "register_exit", "loopback_exit")
+    )
     assert set(codes) == {"flwr_run_exit", "register_exit", "loopback_exit"}, out[-4000:]
     assert all(int(c) != 0 for c in codes.values()), out[-4000:]
     # the refusals came from the proxy (404 on the Control API), not from a network fault
@@ -174,8 +236,9 @@ def _run_and_check(compose: list[str], env: dict, project: str, figures: dict) -
     refused = [ln for ln in proxy_log.splitlines() if '"POST /v1/control/' in ln]
     assert {"/v1/control/start-run", "/v1/control/register-node"} <= {ln.split()[6] for ln in refused}, refused
     assert all('" 404 ' in ln for ln in refused), proxy_log[-3000:]
-    assert "running" == ok(["docker", "inspect", "-f", "{{.State.Status}}", coordinator], 60).strip(), \
+    assert ok(["docker", "inspect", "-f", "{{.State.Status}}", coordinator], 60).strip() == "running", (
         "the run ended before the refusals were tried: no longer 'while training goes on'"
+    )
 
     # ---- the run: bounded wait for the one-shot coordinator
     code = int(ok(["timeout", str(RUN_TIMEOUT_S), "docker", "wait", coordinator], RUN_TIMEOUT_S + 30).strip())
@@ -186,22 +249,34 @@ def _run_and_check(compose: list[str], env: dict, project: str, figures: dict) -
     pushed = [ln for ln in proxy_lines if '"POST /v1/fleet/push-object ' in ln and '" 200 ' in ln]
     assert len({ln.split()[0] for ln in pushed}) == 4, proxy_lines[-20:]
     assert not [ln for ln in proxy_lines if '" 413 ' in ln]
-    rows = json.loads(volume_exec(f"{project}_runs", "/runs",
-                                  "print(open('/runs/fedreid/metrics.json').read())"))
+    rows = json.loads(volume_exec(f"{project}_runs", "/runs", "print(open('/runs/fedreid/metrics.json').read())"))
     assert [r["round"] for r in rows] == [0, 1, 2]
     for r in rows[1:]:  # every site trained both rounds
         assert r["replied"] == 4 and r["aggregated"] is True and set(r["sites"]) == set(SITES), r
-    outputs = json.loads(volume_exec(f"{project}_runs", "/runs",
-                                     "import os, json; print(json.dumps(sorted(os.listdir('/runs/fedreid'))))"))
+    outputs = json.loads(
+        volume_exec(
+            f"{project}_runs", "/runs", "import os, json; print(json.dumps(sorted(os.listdir('/runs/fedreid'))))"
+        )
+    )
     assert {"metrics.json", "status.json", "global_final.pt", "config.json"} <= set(outputs), outputs
     # ---- each site's state stayed in its own volume: its own name, both rounds
     for s in SITES:
-        st = json.loads(volume_exec(f"{project}_{s}_state", "/state", (
-            "import json; from common.checkpoint import torch_load; d = torch_load('/state/site_state.pt'); "
-            "print(json.dumps({'site': d['site'], 'last_round': d['last_round'], 'rounds': d['rounds_trained']}))")))
+        st = json.loads(
+            volume_exec(
+                f"{project}_{s}_state",
+                "/state",
+                (
+                    "import json; from common.checkpoint import torch_load; d = torch_load('/state/site_state.pt'); "
+                    "print(json.dumps({'site': d['site'], 'last_round': d['last_round'], 'rounds': d['rounds_trained']}))"
+                ),
+            )
+        )
         assert st == {"site": s, "last_round": 2, "rounds": 2}, (s, st)
-    figures |= {"up_to_done_s": round(time.monotonic() - t0, 1),
-                "round_fit_s": [r["fit_seconds"] for r in rows[1:]], "round_elapsed_s": [r["elapsed_s"] for r in rows]}
+    figures |= {
+        "up_to_done_s": round(time.monotonic() - t0, 1),
+        "round_fit_s": [r["fit_seconds"] for r in rows[1:]],
+        "round_elapsed_s": [r["elapsed_s"] for r in rows],
+    }
     print("docker compose figures:", json.dumps(figures))
 
     # ---- down leaves no container of the project

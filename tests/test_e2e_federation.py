@@ -17,10 +17,33 @@ REPO = Path(__file__).resolve().parents[1]
 @pytest.mark.timeout(600)
 def test_two_sites_two_rounds(tmp_path):
     out = tmp_path / "run"
-    cmd = [sys.executable, "-m", "server.sim", "--out", str(out), "--sites", "market1501", "dukemtmc",
-           "--train-ids", "4", "--images-per-id", "4", "--target-ids", "3", "--timeout", "420", "--site-layouts", "real",
-           "rounds=2", "model.height=32", "model.width=16", "train.batch_size=4", "train.max_steps_per_epoch=1",
-           "wait_for_sites_s=120", "round_timeout_s=180"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "server.sim",
+        "--out",
+        str(out),
+        "--sites",
+        "market1501",
+        "dukemtmc",
+        "--train-ids",
+        "4",
+        "--images-per-id",
+        "4",
+        "--target-ids",
+        "3",
+        "--timeout",
+        "420",
+        "--site-layouts",
+        "real",
+        "rounds=2",
+        "model.height=32",
+        "model.width=16",
+        "train.batch_size=4",
+        "train.max_steps_per_epoch=1",
+        "wait_for_sites_s=120",
+        "round_timeout_s=180",
+    ]
     code, output = run_to_end(cmd, cwd=REPO, marker=str(tmp_path), timeout_s=480)
     assert code == 0, output[-4000:]
     rows = json.loads((out / "metrics.json").read_text())

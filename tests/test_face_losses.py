@@ -80,9 +80,7 @@ def test_balanced_cosface_gradient_reaches_both_proxy_sets(rng):
     public = torch.randn(4, 8, generator=rng, requires_grad=True)
     local = torch.randn(3, 8, generator=rng, requires_grad=True)
     is_public = torch.tensor([False, True, False, True])
-    balanced_cosface_loss(
-        feats, torch.tensor([0, 1, 2, 3]), public, local, is_public=is_public
-    ).backward()
+    balanced_cosface_loss(feats, torch.tensor([0, 1, 2, 3]), public, local, is_public=is_public).backward()
     assert public.grad.abs().sum() > 0 and local.grad.abs().sum() > 0
 
 
@@ -171,6 +169,4 @@ def test_cross_entropy_is_applied_by_the_caller_on_margin_logits(rng):
     cosine = torch.rand(3, 4, generator=rng) * 2 - 1
     labels = torch.tensor([1, 0, 3])
     direct = F.cross_entropy(30.0 * (cosine - 0.4 * F.one_hot(labels, 4)), labels)
-    assert F.cross_entropy(cosface_logits(cosine, labels), labels).item() == pytest.approx(
-        direct.item()
-    )
+    assert F.cross_entropy(cosface_logits(cosine, labels), labels).item() == pytest.approx(direct.item())

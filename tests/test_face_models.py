@@ -49,9 +49,7 @@ def test_sphere20_and_36_conv_counts():
 def test_tiny_backbone_forward_backward_under_a_second():
     torch.manual_seed(0)
     net = build_face_backbone("sphere4", embedding_dim=128)
-    assert sum(p.numel() for p in net.parameters()) == expected_parameters(
-        (0, 0, 0, 0), (8, 16, 32, 64), 128
-    )
+    assert sum(p.numel() for p in net.parameters()) == expected_parameters((0, 0, 0, 0), (8, 16, 32, 64), 128)
     x = torch.rand(4, 3, 112, 112) * 2 - 1
     timings = []
     for _ in range(3):  # the best of 3: the machine is shared, the first call warms up

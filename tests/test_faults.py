@@ -36,8 +36,12 @@ def test_fault_specs_and_what_each_fault_sends():
     for bad in ("boom", "nan:3", "sleep:x", "nan@two"):
         with pytest.raises(ValueError, match="expected KIND"):
             parse_fault(bad)
-    for spec, why in (("nan", "non-finite"), ("shape", "has shape"), ("dtype", "has dtype float64"),
-                      ("count", "expected 2 arrays")):
+    for spec, why in (
+        ("nan", "non-finite"),
+        ("shape", "has shape"),
+        ("dtype", "has dtype float64"),
+        ("count", "expected 2 arrays"),
+    ):
         sent = parse_fault(spec).corrupt("s", 1, good)
         with pytest.raises(ValueError, match=why):
             check_arrays(man, sent, who="update")
@@ -77,8 +81,9 @@ def test_site_killed_mid_training_round_completes_and_site_rejoins_from_its_stat
         fed.start_site("market1501")
         fed.start_site("dukemtmc", fault="sleep:300@2")  # round 2 takes long: it is killed in it
         log = fed.site_log("dukemtmc")
-        fed.wait_for(lambda: _log_has(log, "site dukemtmc round 2: local training starts"), 420,
-                     "dukemtmc training round 2")
+        fed.wait_for(
+            lambda: _log_has(log, "site dukemtmc round 2: local training starts"), 420, "dukemtmc training round 2"
+        )
         fed.kill_site("dukemtmc")
         time.sleep(5)
         # restarted (without the fault) while round 2 waits for it: a new Flower node with the same state
@@ -106,12 +111,16 @@ def test_site_process_killed_mid_round_the_round_fails_for_it_and_it_rejoins_aft
         fed.start_site("market1501")
         fed.start_site("dukemtmc", fault="sleep:300@2")  # round 2 takes long: its site process is killed in it
         log = fed.site_log("dukemtmc")
-        fed.wait_for(lambda: _log_has(log, "site dukemtmc round 2: local training starts"), 600,
-                     "dukemtmc training round 2")
+        fed.wait_for(
+            lambda: _log_has(log, "site dukemtmc round 2: local training starts"), 600, "dukemtmc training round 2"
+        )
         [pid] = fed.site_process_pids("dukemtmc")
         os.kill(pid, signal.SIGKILL)  # only the site process: fedclient and its SuperNode live on
-        fed.wait_for(lambda: _log_has(log, "restarting it from its state file (restart 1 of 5)"), 60,
-                     "fedclient to restart the site process")
+        fed.wait_for(
+            lambda: _log_has(log, "restarting it from its state file (restart 1 of 5)"),
+            60,
+            "fedclient to restart the site process",
+        )
         assert fed.wait_server(900) == 0, fed.logs()
         rows = fed.metrics()
         state = fed.site_state("dukemtmc")
@@ -145,8 +154,9 @@ def test_nan_shape_and_dtype_updates_are_dropped_by_site_name(tmp_path):
         server_log = (tmp_path / "fedserver.log").read_text(errors="replace")
     assert row["replied"] == 1 and row["dropped"] == 3 and row["aggregated"] and set(row["sites"]) == {"market1501"}
     need = sum(v.numel() * v.element_size() for v in final.values())  # the shared tensors' bytes
-    lines = {s: next((ln for ln in server_log.splitlines() if f"dropped the update of site {s}: " in ln), "")
-             for s in faults}
+    lines = {
+        s: next((ln for ln in server_log.splitlines() if f"dropped the update of site {s}: " in ln), "") for s in faults
+    }
     assert "non-finite" in lines["dukemtmc"], lines
     # one value too many (shape) and float64 (dtype): the packed length is refused with the manifest's numbers
     assert f"hold {need + 4:,} bytes" in lines["cuhk03"] and f"needs {need:,}" in lines["cuhk03"], lines

@@ -26,8 +26,14 @@ def setup(tmp_path_factory):
     model = model_for(cfg, 1)
     man = expected_manifest(cfg)
     ckpt = tmp / "global_final.pt"
-    save_global_checkpoint(ckpt, keys=list(man.keys), arrays=get_shared(model, man), server_round=3,
-                           manifest_hash=man.hash, config=cfg.to_dict())
+    save_global_checkpoint(
+        ckpt,
+        keys=list(man.keys),
+        arrays=get_shared(model, man),
+        server_round=3,
+        manifest_hash=man.hash,
+        config=cfg.to_dict(),
+    )
     write_layout("viper", tmp / "data" / "viper", num_ids=10, images_per_id=2, seed=1, height=32, width=16)
     write_layout("market1501", tmp / "data" / "mkt", num_ids=6, images_per_id=4, seed=2, height=32, width=16)
     return tmp, cfg, model, ckpt
@@ -37,8 +43,17 @@ def test_fedeval_table_and_numbers(setup, capsys):
     tmp, cfg, model, ckpt = setup
     out = tmp / "out"
     with pytest.raises(SystemExit) as e:
-        fedeval.main([f"checkpoint={ckpt}", "targets=[viper,market]", f"data_root={tmp / 'data'}",
-                      "market.reader=market1501", f"market.root={tmp / 'data' / 'mkt'}", "splits=3", f"out={out}"])
+        fedeval.main(
+            [
+                f"checkpoint={ckpt}",
+                "targets=[viper,market]",
+                f"data_root={tmp / 'data'}",
+                "market.reader=market1501",
+                f"market.root={tmp / 'data' / 'mkt'}",
+                "splits=3",
+                f"out={out}",
+            ]
+        )
     assert e.value.code == 0
     printed = capsys.readouterr().out
     assert "| checkpoint | VIPeR R1 | VIPeR mAP | market R1 |" in printed
@@ -55,9 +70,14 @@ def test_fedeval_table_and_numbers(setup, capsys):
         assert len(s.query) == 5 and len({r.pid for r in s.query}) == 5  # half of 10 ids, one query each
         qf = extract_features(model.embedding, s.query, **kw)
         gf = extract_features(model.embedding, s.gallery, **kw)
-        cmc, m = evaluate_rank(distance_matrix(qf, gf, "cosine"), np.array([r.pid for r in s.query]),
-                               np.array([r.pid for r in s.gallery]), np.array([r.camid for r in s.query]),
-                               np.array([r.camid for r in s.gallery]), max_rank=5)
+        cmc, m = evaluate_rank(
+            distance_matrix(qf, gf, "cosine"),
+            np.array([r.pid for r in s.query]),
+            np.array([r.pid for r in s.gallery]),
+            np.array([r.camid for r in s.query]),
+            np.array([r.camid for r in s.gallery]),
+            max_rank=5,
+        )
         r1.append(cmc[0])
         ap.append(m)
     assert res["viper/R1"] == pytest.approx(np.mean(r1), abs=1e-6)
@@ -66,9 +86,14 @@ def test_fedeval_table_and_numbers(setup, capsys):
     mk = build_reader("market1501", tmp / "data" / "mkt").splits
     qf = extract_features(model.embedding, mk.query, **kw)
     gf = extract_features(model.embedding, mk.gallery, **kw)
-    cmc, m = evaluate_rank(distance_matrix(qf, gf, "cosine"), np.array([r.pid for r in mk.query]),
-                           np.array([r.pid for r in mk.gallery]), np.array([r.camid for r in mk.query]),
-                           np.array([r.camid for r in mk.gallery]), max_rank=10)
+    cmc, m = evaluate_rank(
+        distance_matrix(qf, gf, "cosine"),
+        np.array([r.pid for r in mk.query]),
+        np.array([r.pid for r in mk.gallery]),
+        np.array([r.camid for r in mk.query]),
+        np.array([r.camid for r in mk.gallery]),
+        max_rank=10,
+    )
     assert res["market/mAP"] == pytest.approx(m, abs=1e-6)
     assert res["mean/R1"] == pytest.approx((res["viper/R1"] + res["market/R1"]) / 2)
 
@@ -86,5 +111,6 @@ def test_fedeval_errors(setup, tmp_path):
     with pytest.raises(SystemExit, match="unknown option"):
         fedeval.main([f"checkpoint={ckpt}", "colour=blue"])
     with pytest.raises(SystemExit, match="checkpoint not found"):
-        fedeval.main([f"checkpoint={tmp_path / 'nope.pt'}", "targets=[viper]", f"data_root={tmp / 'data'}",
-                      f"out={tmp_path}"])
+        fedeval.main(
+            [f"checkpoint={tmp_path / 'nope.pt'}", "targets=[viper]", f"data_root={tmp / 'data'}", f"out={tmp_path}"]
+        )

@@ -62,8 +62,9 @@ def test_only_backbone_and_public_proxies_leave_the_site(world, tmp_path):
         np.testing.assert_array_equal(a, st.model[k].numpy())
     sent_values = [a.ravel() for a in sent]
     for k, v in private.items():
-        assert not any(s.shape == v.numpy().ravel().shape and np.array_equal(s, v.numpy().ravel())
-                       for s in sent_values), k
+        assert not any(
+            s.shape == v.numpy().ravel().shape and np.array_equal(s, v.numpy().ravel()) for s in sent_values
+        ), k
     # the FedAvg weight is the site's own image count, not counting the public hard negatives
     assert metrics["hard_negatives"] == PUBLIC * 6 > 0
     assert n == metrics["own_images"] == len(FaceSite(world["face1"]).train) == 12
@@ -93,10 +94,14 @@ def capture_training(monkeypatch):
     real = fc.train_local
 
     def spy(model, global_backbone, prev_backbone, *args, **kwargs):
-        seen.append({"global": {k: v.clone() for k, v in global_backbone.state_dict().items()},
-                     "prev": {k: v.clone() for k, v in prev_backbone.state_dict().items()},
-                     "local_proxies": model.local_proxies.detach().clone(),
-                     "dfc": {k: v.clone() for k, v in model.dfc.state_dict().items()}})
+        seen.append(
+            {
+                "global": {k: v.clone() for k, v in global_backbone.state_dict().items()},
+                "prev": {k: v.clone() for k, v in prev_backbone.state_dict().items()},
+                "local_proxies": model.local_proxies.detach().clone(),
+                "dfc": {k: v.clone() for k, v in model.dfc.state_dict().items()},
+            }
+        )
         return real(model, global_backbone, prev_backbone, *args, **kwargs)
 
     monkeypatch.setattr(fc, "train_local", spy)
@@ -182,8 +187,9 @@ def test_round_learning_rate_steps_at_the_milestones():
 
 
 def test_each_round_trains_at_its_scheduled_lr_after_the_optimizer_state_is_restored(world, tmp_path):
-    cfg = tiny_fedfr_config(world, tmp_path, t_hn=0.9, lr=0.05, lr_milestones=[2], lr_gamma=0.1,
-                            keep_optimizer_state=True)
+    cfg = tiny_fedfr_config(
+        world, tmp_path, t_hn=0.9, lr=0.05, lr_milestones=[2], lr_gamma=0.1, keep_optimizer_state=True
+    )
     c = FedFRClient(cfg, settings(world, tmp_path, "face1"))
     _, _, m1 = c.fit(global_arrays(cfg, PUBLIC, 1), conf(cfg, 1))
     saved1 = load_fedfr_state(tmp_path / "face1").optimizer

@@ -34,16 +34,19 @@ def test_backbone_names_agree_with_the_model_registry():
     assert set(BACKBONES) == set(FACE_BACKBONES)
 
 
-@pytest.mark.parametrize("over, key", [
-    ({"task": "fedface"}, "task"),
-    ({"fedfr": {"stage": "finetune"}}, "fedfr.stage"),
-    ({"fedfr": {"backbone": "resnet50"}}, "fedfr.backbone"),
-    ({"fedfr": {"alpha": [1, 5]}}, "fedfr.alpha"),
-    ({"fedfr": {"bce_lambda": 1.0}}, "fedfr.bce_lambda"),
-    ({"fedfr": {"far_targets": [0.0]}}, "far_targets"),
-    ({"fedfr": {"lr_milestones": [0]}}, "fedfr.lr_milestones"),
-    ({"fedfr": {"lr_gamma": 0.0}}, "fedfr.lr_gamma"),
-])
+@pytest.mark.parametrize(
+    "over, key",
+    [
+        ({"task": "fedface"}, "task"),
+        ({"fedfr": {"stage": "finetune"}}, "fedfr.stage"),
+        ({"fedfr": {"backbone": "resnet50"}}, "fedfr.backbone"),
+        ({"fedfr": {"alpha": [1, 5]}}, "fedfr.alpha"),
+        ({"fedfr": {"bce_lambda": 1.0}}, "fedfr.bce_lambda"),
+        ({"fedfr": {"far_targets": [0.0]}}, "far_targets"),
+        ({"fedfr": {"lr_milestones": [0]}}, "fedfr.lr_milestones"),
+        ({"fedfr": {"lr_gamma": 0.0}}, "fedfr.lr_gamma"),
+    ],
+)
 def test_bad_values_name_the_key(over, key):
     with pytest.raises(ValueError, match=key.replace(".", r"\.")):
         ExperimentConfig.from_dict({"task": "fedfr", **over})

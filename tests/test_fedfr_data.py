@@ -49,8 +49,24 @@ def test_split_equal_share_and_parameters():
 
 def test_split_writes_the_layout_and_site_configs(tmp_path):
     write_identity_folders(tmp_path / "src", 7, 5, size=12, seed=0)
-    split_main([str(tmp_path / "src"), str(tmp_path / "out"), "--public", "3", "--clients", "2",
-                "--train", "3", "--test", "2", "--site-prefix", "fs", "--site-conf", str(tmp_path / "conf")])
+    split_main(
+        [
+            str(tmp_path / "src"),
+            str(tmp_path / "out"),
+            "--public",
+            "3",
+            "--clients",
+            "2",
+            "--train",
+            "3",
+            "--test",
+            "2",
+            "--site-prefix",
+            "fs",
+            "--site-conf",
+            str(tmp_path / "conf"),
+        ]
+    )
     assert FaceFolder(tmp_path / "out" / "public").num_identities == 3
     for s in ("fs1", "fs2"):
         site = FaceSite(tmp_path / "out" / "clients" / s)
@@ -114,8 +130,9 @@ def test_demo_data_is_rewritten_when_its_parameters_change(tmp_path):
 
     from server.fedfr.demo import write_data
 
-    a = argparse.Namespace(public_ids=3, public_images=2, ids_per_site=2, train=2, test=1, ijbc_subjects=2, size=16,
-                           seed=0)
+    a = argparse.Namespace(
+        public_ids=3, public_images=2, ids_per_site=2, train=2, test=1, ijbc_subjects=2, size=16, seed=0
+    )
     roots = write_data(tmp_path, ["face1", "face2"], a)
     assert FaceSite(roots["face1"]).num_identities == 2
     stamp = (roots["face1"] / "train").stat().st_mtime_ns

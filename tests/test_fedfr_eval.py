@@ -58,8 +58,14 @@ def test_ijbc_one_to_one_and_one_to_n_against_direct_scores():
     got = ijbc_verification(ids, feats, pairs, [0.25, 0.5])
     s = np.array([feats[a - 1] @ feats[b - 1] for a, b, _ in pairs])
     assert got == tar_at_far(s[pairs[:, 2] == 1], s[pairs[:, 2] == 0], [0.25, 0.5])
-    meta = IJBCMeta([], np.array([]), np.array([]), pairs, {"G1": np.array([[1, 10]]), "G2": np.array([[2, 20]])},
-                    np.array([[3, 10], [4, 20], [5, 30], [6, 10]]))
+    meta = IJBCMeta(
+        [],
+        np.array([]),
+        np.array([]),
+        pairs,
+        {"G1": np.array([[1, 10]]), "G2": np.array([[2, 20]])},
+        np.array([[3, 10], [4, 20], [5, 30], [6, 10]]),
+    )
     out = ijbc_identification(ids, feats, meta, [0.5], [1])
     r1 = tpir_at_fpir(feats[[2, 3, 4, 5]], np.array([10, 20, 30, 10]), feats[[0]], np.array([10]), [0.5], [1])
     assert out["G1/TPIR@FPIR=0.5"] == r1.tpir[0.5] and out["G1/rank-1"] == r1.cmc[1]
@@ -75,8 +81,11 @@ def test_personalised_protocol_against_brute_force():
     # site 0: 3 identities, 4 test images each; sites 1, 2: other people's test images
     labels = [np.repeat(np.arange(3), 4), np.repeat(np.arange(2), 3), np.repeat(np.arange(2), 2)]
     centres = rng.normal(size=(3, 6))
-    probes = [unit(centres[labels[0]] + 0.6 * rng.normal(size=(12, 6))), unit(rng.normal(size=(6, 6))),
-              unit(rng.normal(size=(4, 6)))]
+    probes = [
+        unit(centres[labels[0]] + 0.6 * rng.normal(size=(12, 6))),
+        unit(rng.normal(size=(6, 6))),
+        unit(rng.normal(size=(4, 6))),
+    ]
     gallery = unit(centres[np.repeat(np.arange(3), 5)] + 0.6 * rng.normal(size=(15, 6)))
     g_labels = np.repeat(np.arange(3), 5)
     f = SiteFeatures(gallery, g_labels, probes, labels)
@@ -90,8 +99,9 @@ def test_personalised_protocol_against_brute_force():
     for a in targets:
         assert got[f"TAR@FAR={a:g}"] == want[a]
     means = np.stack([gallery[g_labels == k].mean(0) for k in range(3)])  # mean registered feature
-    r = tpir_at_fpir(np.concatenate(probes), np.concatenate([labels[0], np.full(10, -1)]), means, np.arange(3),
-                     fpir, [1, 2])
+    r = tpir_at_fpir(
+        np.concatenate(probes), np.concatenate([labels[0], np.full(10, -1)]), means, np.arange(3), fpir, [1, 2]
+    )
     for a in fpir:
         assert got[f"TPIR@FPIR={a:g}"] == r.tpir[a]
     assert got["rank-1"] == r.cmc[1] and got["rank-2"] == r.cmc[2]
@@ -103,6 +113,7 @@ def test_impostor_stream_is_every_cross_site_pair_and_can_be_read_twice():
     own, others = rng.normal(size=(5, 3)), [rng.normal(size=(7, 3)), rng.normal(size=(2, 3))]
     src = impostor_score_source(own, others, chunk_rows=3)
     first = np.concatenate(list(src()))
-    np.testing.assert_allclose(np.sort(first), np.sort(np.concatenate([(own @ o.T).ravel() for o in others])),
-                               rtol=1e-6)
+    np.testing.assert_allclose(
+        np.sort(first), np.sort(np.concatenate([(own @ o.T).ravel() for o in others])), rtol=1e-6
+    )
     np.testing.assert_array_equal(first, np.concatenate(list(src())))

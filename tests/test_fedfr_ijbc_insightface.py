@@ -24,8 +24,9 @@ from server.fedfr.evaluate import generic_metrics
 
 def similarity(scale: float, degrees: float, tx: float, ty: float) -> np.ndarray:
     a = math.radians(degrees)
-    return np.array([[scale * math.cos(a), -scale * math.sin(a), tx],
-                     [scale * math.sin(a), scale * math.cos(a), ty], [0, 0, 1]])
+    return np.array(
+        [[scale * math.cos(a), -scale * math.sin(a), tx], [scale * math.sin(a), scale * math.cos(a), ty], [0, 0, 1]]
+    )
 
 
 def apply(m: np.ndarray, pts: np.ndarray) -> np.ndarray:
@@ -34,20 +35,21 @@ def apply(m: np.ndarray, pts: np.ndarray) -> np.ndarray:
 
 def blobs(shape: tuple[int, int], centres: np.ndarray, sigma: float) -> np.ndarray:
     """A uint8 RGB image with a Gaussian blob at each (x, y) centre (pixel centres at integers)."""
-    y, x = np.mgrid[0:shape[0], 0:shape[1]].astype(np.float64)
+    y, x = np.mgrid[0 : shape[0], 0 : shape[1]].astype(np.float64)
     img = sum(np.exp(-((x - cx) ** 2 + (y - cy) ** 2) / (2 * sigma**2)) for cx, cy in centres)
     return np.repeat((np.clip(img, 0, 1) * 255).round().astype(np.uint8)[..., None], 3, axis=2)
 
 
 def centroid(img: np.ndarray, near: np.ndarray, r: int = 7) -> np.ndarray:
     x0, y0 = round(near[0]), round(near[1])
-    win = img[y0 - r:y0 + r + 1, x0 - r:x0 + r + 1, 0].astype(np.float64)
-    yy, xx = np.mgrid[y0 - r:y0 + r + 1, x0 - r:x0 + r + 1]
+    win = img[y0 - r : y0 + r + 1, x0 - r : x0 + r + 1, 0].astype(np.float64)
+    yy, xx = np.mgrid[y0 - r : y0 + r + 1, x0 - r : x0 + r + 1]
     return np.array([(win * xx).sum() / win.sum(), (win * yy).sum() / win.sum()])
 
 
-@pytest.mark.parametrize("scale, degrees, tx, ty", [(1.7, 20.0, 30.0, 45.0), (0.8, -35.0, 60.0, 10.0),
-                                                    (2.5, 5.0, -20.0, 10.0)])
+@pytest.mark.parametrize(
+    "scale, degrees, tx, ty", [(1.7, 20.0, 30.0, 45.0), (0.8, -35.0, 60.0, 10.0), (2.5, 5.0, -20.0, 10.0)]
+)
 def test_landmarks_under_a_known_similarity_are_aligned_to_the_template_within_a_pixel(scale, degrees, tx, ty):
     t = similarity(scale, degrees, tx, ty)  # template frame -> loose image
     landmarks = apply(t, ARCFACE_TEMPLATE)
@@ -149,8 +151,16 @@ def ijbc112(tmp_path_factory):
 
 
 def _cfg(**fedfr):
-    cfg = compose_experiment(["experiment=fedfr", "fedfr.backbone=sphere4", "fedfr.embedding_dim=16",
-                              "fedfr.image_size=112", "eval.batch_size=16", "train.num_workers=0"])
+    cfg = compose_experiment(
+        [
+            "experiment=fedfr",
+            "fedfr.backbone=sphere4",
+            "fedfr.embedding_dim=16",
+            "fedfr.image_size=112",
+            "eval.batch_size=16",
+            "train.num_workers=0",
+        ]
+    )
     for k, v in fedfr.items():
         setattr(cfg.fedfr, k, v)
     return cfg
@@ -167,8 +177,9 @@ def test_generic_metrics_align_weight_flip_and_score_as_computed_by_hand(ijbc112
     assert meta.landmarks.shape == (len(meta.images), 5, 2) and meta.scores.shape == (len(meta.images),)
     torch.manual_seed(0)
     model = build_face_backbone("sphere4", 16, (112, 112))
-    cfg = _cfg(ijbc_flip=True, ijbc_identification=protocol, far_targets=[0.1, 0.3], fpir_targets=[0.25, 0.5],
-               ranks=[1, 2])
+    cfg = _cfg(
+        ijbc_flip=True, ijbc_identification=protocol, far_targets=[0.1, 0.3], fpir_targets=[0.25, 0.5], ranks=[1, 2]
+    )
     got = generic_metrics(model, meta, cfg, torch.device("cpu"))
     # by hand: landmarks at the template = identity alignment, so the crops are the images themselves
     x = torch.stack([FaceImages([Record(p, 0, 0)], face_transform(112))[0][0] for p in meta.images])
@@ -186,9 +197,12 @@ def test_generic_metrics_align_weight_flip_and_score_as_computed_by_hand(ijbc112
         assert got[k] == pytest.approx(want[k], abs=1e-9), k
     assert ("G1+G2/rank-1" in got) == (protocol == "insightface") and ("mean/rank-1" in got) == (protocol == "nist")
     # and the weights were used: unweighted scoring is a different computation
-    unweighted = generic_metrics(model, meta, _cfg(ijbc_flip=True, ijbc_detector_score=False,
-                                                   far_targets=[0.1, 0.3], fpir_targets=[0.25, 0.5], ranks=[1, 2]),
-                                 torch.device("cpu"))
+    unweighted = generic_metrics(
+        model,
+        meta,
+        _cfg(ijbc_flip=True, ijbc_detector_score=False, far_targets=[0.1, 0.3], fpir_targets=[0.25, 0.5], ranks=[1, 2]),
+        torch.device("cpu"),
+    )
     _, tf_u = template_features(raw, meta.templates, meta.medias)
     assert not np.allclose(tf, tf_u)
     assert set(unweighted) >= {"TAR@FAR=0.1", "mean/rank-1"}
@@ -202,7 +216,8 @@ def test_the_loader_aligns_loose_crops_by_their_landmarks(tmp_path):
     Image.fromarray(blobs((280, 300), landmarks, 3.0)).save(tmp_path / "loose_crop" / "1.png")
     _write_meta(tmp_path, ["1.png"])
     (tmp_path / "meta" / LANDMARKS_FILE).write_text(
-        "1.png " + " ".join(f"{v:.5f}" for v in landmarks.ravel()) + " 0.87\n")
+        "1.png " + " ".join(f"{v:.5f}" for v in landmarks.ravel()) + " 0.87\n"
+    )
     meta = read_ijbc_meta(tmp_path)
     crop = np.asarray(IJBCImages(meta, 112).load(0))
     assert crop.shape == (112, 112, 3) and meta.scores.tolist() == [0.87]
@@ -221,8 +236,7 @@ def test_images_that_are_not_112_without_landmarks_are_refused(tmp_path):
     # and a run with the default detector-score weighting refuses a folder without the scores
     torch.manual_seed(0)
     with pytest.raises(ValueError, match="fedfr.ijbc_detector_score=false"):
-        generic_metrics(build_face_backbone("sphere4", 16, (32, 32)), meta, _cfg(image_size=32),
-                        torch.device("cpu"))
+        generic_metrics(build_face_backbone("sphere4", 16, (32, 32)), meta, _cfg(image_size=32), torch.device("cpu"))
 
 
 def test_landmarks_file_errors_name_the_line(tmp_path):

@@ -29,9 +29,19 @@ def test_a_fedfr_run_resumes_after_its_checkpointed_round(world, tmp_path):
     man = expected_fedfr_manifest(cfg.fedfr, PUBLIC)
     after_round_2 = global_arrays(cfg, PUBLIC, 11)  # "the global model after round 2"
     rows = [{"round": r, "ijbc/R1": 0.1 * r} for r in range(3)]
-    save_server_checkpoint(tmp_path / "run" / CHECKPOINT, ServerCheckpoint(
-        round=2, keys=list(man.keys), arrays=after_round_2, manifest_hash=man.hash, config=cfg.to_dict(),
-        strategy={"seed": 3, "site_models": {}}, metrics=rows, elapsed_s=40.0))
+    save_server_checkpoint(
+        tmp_path / "run" / CHECKPOINT,
+        ServerCheckpoint(
+            round=2,
+            keys=list(man.keys),
+            arrays=after_round_2,
+            manifest_hash=man.hash,
+            config=cfg.to_dict(),
+            strategy={"seed": 3, "site_models": {}},
+            metrics=rows,
+            elapsed_s=40.0,
+        ),
+    )
 
     comps = build_components(resume_config(tmp_path / "run"))
     s = comps.strategy

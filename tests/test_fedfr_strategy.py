@@ -18,13 +18,23 @@ def arrays(theta: float, phi: float):
 
 def res(site: str, a, own: int, hard_negatives: int = 0, weight: int | None = None):
     n = own if weight is None else weight
-    return FitRes(Status(Code.OK, ""), ndarrays_to_parameters(to_wire(MAN, a)), n,
-                  {"site": site, "own_images": own, "hard_negatives": float(hard_negatives)})
+    return FitRes(
+        Status(Code.OK, ""),
+        ndarrays_to_parameters(to_wire(MAN, a)),
+        n,
+        {"site": site, "own_images": own, "hard_negatives": float(hard_negatives)},
+    )
 
 
 def strategy(**kw):
-    return FedFRStrategy(manifest=MAN, initial_arrays=arrays(0, 0), sites=["a", "b", "c"], min_available_sites=3,
-                         wait_for_sites_s=1, **kw)
+    return FedFRStrategy(
+        manifest=MAN,
+        initial_arrays=arrays(0, 0),
+        sites=["a", "b", "c"],
+        min_available_sites=3,
+        wait_for_sites_s=1,
+        **kw,
+    )
 
 
 def test_same_strategy_family_and_always_weighted():
@@ -37,8 +47,9 @@ def test_same_strategy_family_and_always_weighted():
 def test_backbone_and_public_proxies_weighted_by_own_image_count():
     s = strategy()
     # own images 10, 30, 60; the sites also trained on 500, 0, 20 public hard negatives (not counted)
-    results = named_results(s, [res("a", arrays(1.0, -2.0), 10, 500), res("b", arrays(2.0, 0.0), 30, 0),
-                                res("c", arrays(4.0, 1.0), 60, 20)])
+    results = named_results(
+        s, [res("a", arrays(1.0, -2.0), 10, 500), res("b", arrays(2.0, 0.0), 30, 0), res("c", arrays(4.0, 1.0), 60, 20)]
+    )
     params, metrics = s.aggregate_fit(1, results, [])
     theta, phi = unpacked(MAN, params)
     # by hand: Theta = (10*1 + 30*2 + 60*4) / 100 = 3.1;  Phi = (10*-2 + 30*0 + 60*1) / 100 = 0.4
@@ -49,8 +60,13 @@ def test_backbone_and_public_proxies_weighted_by_own_image_count():
 
 def test_a_weight_that_counts_hard_negatives_is_dropped():
     s = strategy()
-    results = named_results(s, [res("a", arrays(1.0, 1.0), 10, 500, weight=510),  # official code's defect
-                                res("b", arrays(3.0, 3.0), 30)])
+    results = named_results(
+        s,
+        [
+            res("a", arrays(1.0, 1.0), 10, 500, weight=510),  # official code's defect
+            res("b", arrays(3.0, 3.0), 30),
+        ],
+    )
     params, _ = s.aggregate_fit(1, results, [])
     theta, _ = unpacked(MAN, params)
     np.testing.assert_allclose(theta, 3.0)  # only site b remains

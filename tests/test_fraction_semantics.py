@@ -18,8 +18,15 @@ SITES = ["cuhk03", "dukemtmc", "market1501", "msmt17", "viper"]
 
 
 def strategy(**kw):
-    return FedReIDStrategy(manifest=MAN, initial_arrays=arrays(0.0), sites=SITES, min_available_sites=5,
-                           wait_for_sites_s=kw.pop("wait", 1), norm_bound=0, **kw)
+    return FedReIDStrategy(
+        manifest=MAN,
+        initial_arrays=arrays(0.0),
+        sites=SITES,
+        min_available_sites=5,
+        wait_for_sites_s=kw.pop("wait", 1),
+        norm_bound=0,
+        **kw,
+    )
 
 
 def expected_sample(seed: int, rnd: int, fraction: float) -> list[str]:

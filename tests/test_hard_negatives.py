@@ -39,9 +39,7 @@ def test_chunk_iterable_and_tensor_inputs_give_the_same_indices():
     expected = brute_force(public, local, 0.4)
     chunks = (public[lo : lo + 30] for lo in range(0, 101, 30))  # 30, 30, 30, 11 rows
     assert select_hard_negatives(chunks, local, 0.4, chunk_size=8).tolist() == expected
-    got = select_hard_negatives(
-        torch.from_numpy(public), torch.from_numpy(local), 0.4, device="cpu"
-    )
+    got = select_hard_negatives(torch.from_numpy(public), torch.from_numpy(local), 0.4, device="cpu")
     assert got.tolist() == expected
     got32 = select_hard_negatives(public.astype(np.float32), local.astype(np.float32), 0.4)
     assert got32.tolist() == expected  # no pair lies within float32 rounding of 0.4 here

@@ -30,8 +30,14 @@ def arrays(v, seed=None):
 
 
 def strategy(cls=FedReIDStrategy, **kw):
-    return cls(manifest=MAN, initial_arrays=arrays(0.0), sites=kw.pop("sites", SITES), min_available_sites=1,
-               wait_for_sites_s=1, **kw)
+    return cls(
+        manifest=MAN,
+        initial_arrays=arrays(0.0),
+        sites=kw.pop("sites", SITES),
+        min_available_sites=1,
+        wait_for_sites_s=1,
+        **kw,
+    )
 
 
 def flat(a):
@@ -45,10 +51,16 @@ def run(s, replies):
 
 # ---- item 3: per-reply isolation ----
 
-@pytest.mark.parametrize("bad, why", [({"train_seconds": "abc"}, "'train_seconds' is str"),
-                                      ({"train_seconds": float("nan")}, "expected a finite number"),
-                                      ({"loss": float("inf")}, "expected a finite number"),
-                                      ({"loss": b"\x00"}, "is bytes")])
+
+@pytest.mark.parametrize(
+    "bad, why",
+    [
+        ({"train_seconds": "abc"}, "'train_seconds' is str"),
+        ({"train_seconds": float("nan")}, "expected a finite number"),
+        ({"loss": float("inf")}, "expected a finite number"),
+        ({"loss": b"\x00"}, "is bytes"),
+    ],
+)
 def test_a_bad_metric_drops_that_reply_only_and_metrics_stay_valid_json(bad, why, caplog):
     s = strategy()
     with caplog.at_level("WARNING", logger="fedserver"):
@@ -83,6 +95,7 @@ def test_metrics_must_be_numbers():
 
 
 # ---- item 4: size before decoding ----
+
 
 def _npy(header_shape, dtype="<f4", data: bytes = b""):
     """A .npy blob whose header says ``header_shape`` and whose data is ``data`` (numpy's own writer)."""
@@ -136,6 +149,7 @@ def test_decoding_is_zero_copy_and_exact():
 
 # ---- item 5: bounded influence and robust aggregation ----
 
+
 def _expected_clipped_mean(ref, ups, bound):
     """By hand: norms of (u - ref), limit = bound x lower median, u clipped to it, plain mean."""
     deltas = [flat(u) - flat(ref) for u in ups]
@@ -167,8 +181,9 @@ def test_a_finite_1e30_update_is_clipped_or_rejected():
     out, rec = run(strategy(), [fit_res("a", honest[0]), fit_res("b", honest[1]), fit_res("c", huge)])
     expected, _ = _expected_clipped_mean(arrays(0.0), [*honest, huge], 10.0)
     np.testing.assert_allclose(flat(out), expected, rtol=1e-5, atol=1e-6)
-    out, rec = run(strategy(norm_action="reject"), [fit_res("a", honest[0]), fit_res("b", honest[1]),
-                                                    fit_res("c", huge)])
+    out, rec = run(
+        strategy(norm_action="reject"), [fit_res("a", honest[0]), fit_res("b", honest[1]), fit_res("c", huge)]
+    )
     np.testing.assert_allclose(flat(out), (flat(honest[0]) + flat(honest[1])) / 2, rtol=1e-6)
     assert "exceeds strategy.norm_bound" in rec.dropped["c"] and rec.averaged == ["a", "b"]
 
@@ -191,8 +206,10 @@ def test_median_and_trimmed_mean_match_scipy():
     out, _ = run(strategy(aggregation="median", norm_bound=0), [fit_res(x, u) for x, u in zip(SITES, ups)])
     for k in range(2):
         np.testing.assert_allclose(out[k], np.median(stack[k].astype(np.float64), axis=0), rtol=1e-6)
-    out, _ = run(strategy(aggregation="trimmed_mean", trim_fraction=0.2, norm_bound=0),
-                 [fit_res(x, u) for x, u in zip(SITES, ups)])
+    out, _ = run(
+        strategy(aggregation="trimmed_mean", trim_fraction=0.2, norm_bound=0),
+        [fit_res(x, u) for x, u in zip(SITES, ups)],
+    )
     for k in range(2):
         np.testing.assert_allclose(out[k], stats.trim_mean(stack[k].astype(np.float64), 0.2, axis=0), rtol=1e-5)
 
@@ -203,8 +220,14 @@ FR = Manifest(keys=("backbone.w",), shapes=((3,),), dtypes=("float32",))
 
 
 def fr_strategy(**kw):
-    return FedFRStrategy(manifest=FR, initial_arrays=[np.zeros(3, np.float32)], sites=["a", "b", "c"],
-                         min_available_sites=1, norm_bound=0, **kw)
+    return FedFRStrategy(
+        manifest=FR,
+        initial_arrays=[np.zeros(3, np.float32)],
+        sites=["a", "b", "c"],
+        min_available_sites=1,
+        norm_bound=0,
+        **kw,
+    )
 
 
 def fr_res(site, v, n):
@@ -217,8 +240,7 @@ def test_a_lying_image_count_weighs_at_most_the_cap():
     # by hand: lower median of (100, 300, 1e15) = 300, cap 3000: (100*1 + 300*2 + 3000*50) / 3400
     np.testing.assert_allclose(out[0], (100 * 1 + 300 * 2 + 3000 * 50) / 3400, rtol=1e-6)
     # the same as a site that told the truth about 3000 images: nothing beyond the cap
-    out2, _ = run(fr_strategy(weight_cap=10.0), [fr_res("a", 1.0, 100), fr_res("b", 2.0, 300),
-                                                 fr_res("c", 50.0, 3000)])
+    out2, _ = run(fr_strategy(weight_cap=10.0), [fr_res("a", 1.0, 100), fr_res("b", 2.0, 300), fr_res("c", 50.0, 3000)])
     np.testing.assert_array_equal(out[0], out2[0])
 
 
@@ -244,7 +266,9 @@ def test_the_coordinator_encodes_byte_for_byte_as_flower_and_the_sites_read_it()
     a = arrays(0.3, seed=4)
     mine = encode_arrays(MAN, a)
     assert mine.tensors == ndarrays_to_parameters(to_wire(MAN, a)).tensors
-    assert all(x.tobytes() == y.tobytes() for x, y in zip(from_wire(MAN, [np.load(io.BytesIO(mine.tensors[0]))], "s"), a))
+    assert all(
+        x.tobytes() == y.tobytes() for x, y in zip(from_wire(MAN, [np.load(io.BytesIO(mine.tensors[0]))], "s"), a)
+    )
     with pytest.raises(ValueError, match="the manifest says float32"):
         encode_arrays(MAN, [x.astype(np.float64) for x in a])
 

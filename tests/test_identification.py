@@ -21,10 +21,7 @@ def brute_force(probes, probe_ids, gallery, gallery_ids, tpir_rank=1):
     ids = sorted(set(gallery_ids.tolist()))
     mated, non_mated_top = [], []  # (rank, mate score), top score
     for p, pid in zip(probes, probe_ids.tolist()):
-        per_id = {
-            g: max(cosine(p, gallery[i]) for i in range(len(gallery)) if gallery_ids[i] == g)
-            for g in ids
-        }
+        per_id = {g: max(cosine(p, gallery[i]) for i in range(len(gallery)) if gallery_ids[i] == g) for g in ids}
         if pid in per_id:
             s = per_id[pid]
             rank = 1 + sum(1 for g, v in per_id.items() if g != pid and v >= s)

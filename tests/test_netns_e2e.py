@@ -13,6 +13,7 @@ settings appended. TLS and node authentication are on. Two sites, two rounds.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -32,8 +33,15 @@ from tests.test_tls_auth_e2e import assert_no_secrets, processes_mentioning, sec
 SUBNET = "10.200.0"  # private test subnet, only inside the namespaces below
 SUPERLINK_IP = f"{SUBNET}.1"
 SITES = {"market1501": f"{SUBNET}.11", "dukemtmc": f"{SUBNET}.12"}
-TINY = ["model.height=32", "model.width=16", "train.max_steps_per_epoch=1", "train.batch_size=4", "eval.every=0",
-        "wait_for_sites_s=120", "round_timeout_s=150"]
+TINY = [
+    "model.height=32",
+    "model.width=16",
+    "train.max_steps_per_epoch=1",
+    "train.batch_size=4",
+    "eval.every=0",
+    "wait_for_sites_s=120",
+    "round_timeout_s=150",
+]
 ENV = {"FEDREID_EXPERIMENT": "demo", "FEDREID_ROUNDS": "2", "FEDREID_MIN_SITES": str(len(SITES))}
 
 
@@ -45,8 +53,9 @@ def _missing_prerequisite() -> str | None:
     return None
 
 
-pytestmark = pytest.mark.skipif(_missing_prerequisite() is not None,
-                                reason=f"network namespaces: {_missing_prerequisite()}")
+pytestmark = pytest.mark.skipif(
+    _missing_prerequisite() is not None, reason=f"network namespaces: {_missing_prerequisite()}"
+)
 
 
 class Namespaces:
@@ -105,7 +114,7 @@ def host_command(compose: dict, service: str, volumes_dir: Path) -> list[str]:
     def mapped(value: str) -> str:
         for target in sorted(paths, key=len, reverse=True):
             if value == target or value.startswith(target + "/"):
-                return paths[target] + value[len(target):]
+                return paths[target] + value[len(target) :]
         return value
 
     cmd = s["command"]
@@ -127,11 +136,23 @@ def test_compose_topology_two_rounds_across_network_namespaces(tmp_path):
     assert certs_main([str(secrets / "tls"), "--host", "superlink", "--host", SUPERLINK_IP]) == 0
     for i, site in enumerate(SITES):
         assert keygen_main(["--site", site, "--out", str(secrets / "sites")]) == 0
-        assert register_site_main([str(secrets / "sites" / f"{site}.pub"), "--site", site,
-                                   "--keys-dir", str(secrets / "registry")]) == 0
+        assert (
+            register_site_main(
+                [str(secrets / "sites" / f"{site}.pub"), "--site", site, "--keys-dir", str(secrets / "registry")]
+            )
+            == 0
+        )
         # in the layout of the reader the site's config names (compose passes no --reader)
-        write_layout(load_site(site)["reader"], data / site, num_ids=8, images_per_id=4, height=32, width=16,
-                     seed=20 + i, identity_seed=3000 + i)
+        write_layout(
+            load_site(site)["reader"],
+            data / site,
+            num_ids=8,
+            images_per_id=4,
+            height=32,
+            width=16,
+            seed=20 + i,
+            identity_seed=3000 + i,
+        )
     env = {**ENV, "FEDREID_SECRETS": str(secrets), **{f"{s.upper()}_DATA": str(data / s) for s in SITES}}
     compose = load_compose(env=env)
     server_cmd = host_command(compose, "superlink", volumes)
@@ -163,9 +184,21 @@ def test_compose_topology_two_rounds_across_network_namespaces(tmp_path):
         server = start(sl_ns, server_cmd, logs / "superlink.log")
         wait_registered(logs / "superlink.log", list(SITES), 120, server)
         # the coordinator is reachable from a site's namespace by its compose name
-        probe = subprocess.run(["ip", "netns", "exec", site_ns["market1501"], processes.executable("python"), "-c",
-                                "import socket; socket.create_connection(('superlink', 9092), timeout=5)"],
-                               capture_output=True, text=True, timeout=60, check=False)
+        probe = subprocess.run(
+            [
+                "ip",
+                "netns",
+                "exec",
+                site_ns["market1501"],
+                processes.executable("python"),
+                "-c",
+                "import socket; socket.create_connection(('superlink', 9092), timeout=5)",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
         assert probe.returncode == 0, probe.stderr
         for s, ns in site_ns.items():
             start(ns, site_cmds[s], logs / f"{s}.log")
@@ -174,10 +207,8 @@ def test_compose_topology_two_rounds_across_network_namespaces(tmp_path):
         for p in reversed(procs):
             processes.stop(p, grace_s=5)
         for pid in processes_mentioning(str(tmp_path)):
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, 9)
-            except ProcessLookupError:
-                pass
         net.close()
 
     out = (logs / "superlink.log").read_text()
@@ -198,10 +229,15 @@ def test_compose_topology_two_rounds_across_network_namespaces(tmp_path):
     for s in SITES:
         assert any((volumes / f"{s}_state").iterdir()), f"{s}: empty state volume"
     # no private key material in any log, output or state
-    keys = [secrets / "tls" / "ca.key", secrets / "tls" / "server.key", *(secrets / "sites" / f"{s}.key" for s in SITES)]
+    keys = [
+        secrets / "tls" / "ca.key",
+        secrets / "tls" / "server.key",
+        *(secrets / "sites" / f"{s}.key" for s in SITES),
+    ]
     assert_no_secrets(tmp_path, secret_fragments(*keys), skip=set(keys))
     # nothing left behind
-    assert subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout.count(
-        net.tag) == 0
+    assert (
+        subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout.count(net.tag) == 0
+    )
     assert not any((Path("/etc/netns") / n).exists() for n in net.names)
     assert processes_mentioning(str(tmp_path)) == []

@@ -60,8 +60,16 @@ def test_noised_global_model_with_small_running_variances_gives_finite_features(
     man = expected_manifest(cfg)
     a, b = _site_arrays(cfg, man, 1e-4, 1), _site_arrays(cfg, man, 3e-4, 2)
     # norm_bound=0: site a sends back what it was sent (norm 0), which would bound b to 0 here
-    s = FedReIDStrategy(manifest=man, initial_arrays=a, sites=["a", "b"], beta=BETA, min_available_sites=2,
-                        wait_for_sites_s=1, seed=3, norm_bound=0)
+    s = FedReIDStrategy(
+        manifest=man,
+        initial_arrays=a,
+        sites=["a", "b"],
+        beta=BETA,
+        min_available_sites=2,
+        wait_for_sites_s=1,
+        seed=3,
+        norm_bound=0,
+    )
     results = named_results(s, [fit_res(name, x) for name, x in (("a", a), ("b", b))])
     params, _ = s.aggregate_fit(1, results, [])  # Eq. (8) + Eq. (14)
     glob = unpacked(man, params)
@@ -71,8 +79,9 @@ def test_noised_global_model_with_small_running_variances_gives_finite_features(
             assert not np.array_equal(g, mean), k  # noised
         else:
             np.testing.assert_array_equal(g, mean, err_msg=k)  # running statistics: exactly the average
-    noise = np.concatenate([(g - ((x.astype(np.float64) + y) / 2)).ravel()
-                            for learn, x, y, g in zip(man.noise_mask, a, b, glob) if learn])
+    noise = np.concatenate(
+        [(g - ((x.astype(np.float64) + y) / 2)).ravel() for learn, x, y, g in zip(man.noise_mask, a, b, glob) if learn]
+    )
     assert abs(noise.std() - BETA) < 0.05 * BETA  # the learnable parameters got beta * N(0, 1)
     f = _eval_features(cfg, man, glob)
     assert torch.isfinite(f).all()

@@ -30,17 +30,31 @@ BETA = 0.1
 
 
 def coordinator_config(tmp_path) -> ExperimentConfig:
-    return tiny_config(seed=7, run_dir=str(tmp_path / "run"), rounds=2, privacy={"beta": BETA},
-                       superlink={"address": "10.0.0.5:9092", "ca_cert": "/etc/fed/ca.crt", "cert": "/etc/fed/s.pem",
-                                  "key": "/etc/fed/s.key", "node_auth": True, "site_keys": "/etc/fed/keys"},
-                       eval={"targets": {"viper": {"reader": "viper", "root": "/srv/eval/viper"}}})
+    return tiny_config(
+        seed=7,
+        run_dir=str(tmp_path / "run"),
+        rounds=2,
+        privacy={"beta": BETA},
+        superlink={
+            "address": "10.0.0.5:9092",
+            "ca_cert": "/etc/fed/ca.crt",
+            "cert": "/etc/fed/s.pem",
+            "key": "/etc/fed/s.key",
+            "node_auth": True,
+            "site_keys": "/etc/fed/keys",
+        },
+        eval={"targets": {"viper": {"reader": "viper", "root": "/srv/eval/viper"}}},
+    )
 
 
 def build(cfg: ExperimentConfig, ck=None) -> FedReIDStrategy:
     # site names from the nodes' metrics (the key-registration table is another test's subject); no norm
     # bound: the aggregate is the plain mean (Eq. 8), so the noise on it is visible
-    s = FedReIDStrategy(manifest=MAN, initial_arrays=arrays(0.0),
-                        **{**strategy_settings(cfg, ck), "wait_for_sites_s": 1, "site_nodes": None, "norm_bound": 0})
+    s = FedReIDStrategy(
+        manifest=MAN,
+        initial_arrays=arrays(0.0),
+        **{**strategy_settings(cfg, ck), "wait_for_sites_s": 1, "site_nodes": None, "norm_bound": 0},
+    )
     if ck is not None:
         s.restore_state(ck.strategy)
     return s
@@ -61,8 +75,10 @@ def test_a_site_cannot_regenerate_the_noise_from_what_it_receives(tmp_path):
     # tensors the manifest marks as noised)
     rng = np.random.default_rng(stable_seed(seen.seed, 1, "client-noise"))
     for got in received:
-        guess = [a - seen.privacy.beta * rng.standard_normal(a.shape) if noised else a
-                 for a, noised in zip(got, MAN.noise_mask)]
+        guess = [
+            a - seen.privacy.beta * rng.standard_normal(a.shape) if noised else a
+            for a, noised in zip(got, MAN.noise_mask)
+        ]
         err = np.concatenate([(g - t).ravel() for g, t in zip(guess, arrays(1.0))])
         assert np.abs(err).max() > 1e-3  # exact recovery would give ~1e-8 (float32 rounding)
     # the secret is in nothing a site receives
@@ -149,8 +165,11 @@ def test_the_serverapp_reads_the_whole_config_and_checks_the_run(tmp_path):
 def test_what_flower_delivers_to_the_sites_is_the_site_view(tmp_path):
     # a real federation; the SuperLink keeps its state in superlink.db, whose runs table holds the
     # run config exactly as every SuperNode gets it (Fleet GetRun)
-    with Federation(tmp_path, ["market1501"], ["rounds=1", "privacy.beta=0.01", "superlink.persist_state=true",
-                                                "round_timeout_s=240"]) as fed:
+    with Federation(
+        tmp_path,
+        ["market1501"],
+        ["rounds=1", "privacy.beta=0.01", "superlink.persist_state=true", "round_timeout_s=240"],
+    ) as fed:
         fed.start_server()
         fed.start_site("market1501")
         code = fed.wait_server(360)
@@ -178,9 +197,16 @@ def test_the_site_view_keeps_what_the_simulation_engines_virtual_sites_need():
     # reader, data root and state folder from the run config (client/virtual_site.py)
     from client.virtual_site import virtual_node_config
 
-    sites = {"market1501": {"reader": "market1501", "data_root": "/d/m", "state_dir": "/s/m"},
-             "dukemtmc": {"reader": "dukemtmc", "data_root": "/d/d", "state_dir": "/s/d"}}
+    sites = {
+        "market1501": {"reader": "market1501", "data_root": "/d/m", "state_dir": "/s/m"},
+        "dukemtmc": {"reader": "dukemtmc", "data_root": "/d/d", "state_dir": "/s/d"},
+    }
     cfg = tiny_config(engine={"name": "simulation", "sites": sites})
     seen = site_config(site_run_config(cfg))
     assert virtual_node_config(seen, {"partition-id": 1, "num-partitions": 2}) == {
-        "site": "dukemtmc", "data-root": "/d/d", "reader": "dukemtmc", "state-dir": "/s/d", "device": "cpu"}
+        "site": "dukemtmc",
+        "data-root": "/d/d",
+        "reader": "dukemtmc",
+        "state-dir": "/s/d",
+        "device": "cpu",
+    }

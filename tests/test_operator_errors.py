@@ -18,8 +18,9 @@ TRAIN_IDS, IMAGES_PER_ID = 4, 4  # 16 training images
 @pytest.fixture(scope="module")
 def site(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("market1501")
-    write_market_layout(root, num_train_ids=TRAIN_IDS, num_test_ids=2, images_per_id=IMAGES_PER_ID, height=32,
-                        width=16, seed=3)
+    write_market_layout(
+        root, num_train_ids=TRAIN_IDS, num_test_ids=2, images_per_id=IMAGES_PER_ID, height=32, width=16, seed=3
+    )
     return root
 
 
@@ -37,8 +38,18 @@ def one_line_exit(excinfo) -> str:
 
 
 def fedclient_args(data: Path, state: Path, *extra: str) -> list[str]:
-    return ["--site", "market1501", "--insecure", "--data-root", str(data), "--reader", "market1501",
-            "--state-dir", str(state), *extra]
+    return [
+        "--site",
+        "market1501",
+        "--insecure",
+        "--data-root",
+        str(data),
+        "--reader",
+        "market1501",
+        "--state-dir",
+        str(state),
+        *extra,
+    ]
 
 
 def test_check_writable_creates_and_refuses(tmp_path):
@@ -82,15 +93,20 @@ def test_verify_images_passes_a_clean_site(site, tmp_path, capsys):
     assert e.value.code == 0
     # every image the site uses: train, query and the gallery (junk "-1" files are not read)
     base = next(site.iterdir())
-    used = [p for d in ("bounding_box_train", "query", "bounding_box_test") for p in (base / d).glob("*.jpg")
-            if not p.name.startswith("-1")]
+    used = [
+        p
+        for d in ("bounding_box_train", "query", "bounding_box_test")
+        for p in (base / d).glob("*.jpg")
+        if not p.name.startswith("-1")
+    ]
     assert f"all {len(used)} images decode" in capsys.readouterr().out
 
 
 def test_verify_images_lists_every_corrupt_file(tmp_path, capsys):
     root = tmp_path / "site"
-    write_market_layout(root, num_train_ids=TRAIN_IDS, num_test_ids=2, images_per_id=IMAGES_PER_ID, height=32,
-                        width=16, seed=4)
+    write_market_layout(
+        root, num_train_ids=TRAIN_IDS, num_test_ids=2, images_per_id=IMAGES_PER_ID, height=32, width=16, seed=4
+    )
     base = next(root.iterdir())
     truncated = sorted((base / "bounding_box_train").glob("*.jpg"))[2]
     garbage = min((base / "query").glob("*.jpg"))

@@ -29,8 +29,13 @@ def _spy(monkeypatch, module, name: str, seen: list) -> None:
 
     def spy(*args, **kw):
         opt = next(a for a in args if isinstance(a, torch.optim.Optimizer))
-        seen.append({i: s["momentum_buffer"].clone() for i, s in enumerate(opt.state.values())
-                     if s.get("momentum_buffer") is not None})
+        seen.append(
+            {
+                i: s["momentum_buffer"].clone()
+                for i, s in enumerate(opt.state.values())
+                if s.get("momentum_buffer") is not None
+            }
+        )
         return real(*args, **kw)
 
     monkeypatch.setattr(module, name, spy)

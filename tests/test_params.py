@@ -44,8 +44,9 @@ def test_manifest_from_config_matches_a_real_model_and_hash_differs_by_backbone(
 
 
 def test_fedavg_manifest_includes_the_common_head():
-    c = ExperimentConfig.from_dict({"model": {"backbone": "resnet18"},
-                                    "strategy": {"mode": "fedavg", "fedavg_num_classes": 9}})
+    c = ExperimentConfig.from_dict(
+        {"model": {"backbone": "resnet18"}, "strategy": {"mode": "fedavg", "fedavg_num_classes": 9}}
+    )
     man = expected_manifest(c)
     assert "head.classifier.weight" in man.keys
     assert man.shapes[man.keys.index("head.classifier.weight")] == (9, 512)
@@ -76,8 +77,11 @@ def test_round_trip_and_checks():
 
 
 def test_pack_unpack_round_trip_mixed_dtypes_byte_for_byte():
-    man = Manifest(keys=("a", "b", "c", "d"), shapes=((3,), (2, 5), (), (4, 1, 2)),
-                   dtypes=("float16", "float32", "float64", "float32"))
+    man = Manifest(
+        keys=("a", "b", "c", "d"),
+        shapes=((3,), (2, 5), (), (4, 1, 2)),
+        dtypes=("float16", "float32", "float64", "float32"),
+    )
     rng = np.random.default_rng(0)
     arrays = [rng.standard_normal(s).astype(d) for s, d in zip(man.shapes, man.dtypes)]
     arrays[1] = np.asfortranarray(arrays[1])  # a non-C-contiguous input packs in C order
@@ -111,8 +115,11 @@ def test_mismatched_packed_length_is_refused_with_the_manifests_numbers():
     good = pack(man, [np.ones((2, 3), np.float32), np.zeros(3, np.float32)])
     assert good.size == 36
     for n in (32, 40, 72, 0):
-        with pytest.raises(ValueError, match=f"site x: packed parameters hold {n} bytes, the manifest {man.hash} "
-                                             r"\(2 tensors\) needs 36"):
+        with pytest.raises(
+            ValueError,
+            match=f"site x: packed parameters hold {n} bytes, the manifest {man.hash} "
+            r"\(2 tensors\) needs 36",
+        ):
             unpack(man, np.zeros(n, np.uint8), who="site x")
     with pytest.raises(ValueError, match=r"expected one packed uint8 array of 36 bytes .* found a float32 array"):
         unpack(man, np.zeros(9, np.float32), who="x")

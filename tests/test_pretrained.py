@@ -24,8 +24,10 @@ from tests.conftest import tiny_config
 def _reference_state(seed: int) -> dict[str, torch.Tensor]:
     """A ResNet-18 state_dict with values no random init gives (so a load is visible)."""
     g = torch.Generator().manual_seed(seed)
-    return {k: (torch.rand(v.shape, generator=g) + 0.5).to(v.dtype) if v.is_floating_point() else v
-            for k, v in models.resnet18(weights=None).state_dict().items()}
+    return {
+        k: (torch.rand(v.shape, generator=g) + 0.5).to(v.dtype) if v.is_floating_point() else v
+        for k, v in models.resnet18(weights=None).state_dict().items()
+    }
 
 
 @pytest.fixture

@@ -18,8 +18,14 @@ def test_malloc_arena_max_defaults_to_two_and_reaches_the_children(monkeypatch):
     monkeypatch.delenv("MALLOC_ARENA_MAX", raising=False)
     env = processes.tool_env()
     assert env["MALLOC_ARENA_MAX"] == "2"
-    out = subprocess.run([sys.executable, "-c", "import os; print(os.environ['MALLOC_ARENA_MAX'])"], env=env,
-                         capture_output=True, text=True, check=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.environ['MALLOC_ARENA_MAX'])"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
     assert out.stdout.strip() == "2"
 
 

@@ -35,8 +35,13 @@ def test_exit_status_only_the_last_round_is_a_success():
     t0 = 1000.0
     ok = exit_status("a", 0, Progress(5, 5, t0 + 1), t0, superlink="h:1", auth_key=None)
     assert ok[0] == 0 and "round 5 of 5" in ok[1]
-    for code, progress in [(0, None), (0, Progress(3, 5, t0 + 1)), (0, Progress(5, 5, t0 - 1)),  # an older run's
-                           (305, Progress(5, 5, t0 + 1)), (1, None)]:
+    for code, progress in [
+        (0, None),
+        (0, Progress(3, 5, t0 + 1)),
+        (0, Progress(5, 5, t0 - 1)),  # an older run's
+        (305, Progress(5, 5, t0 + 1)),
+        (1, None),
+    ]:
         status, msg = exit_status("a", code, progress, t0, superlink="h:1", auth_key="k/a.key")
         assert status == 1 and HINT in msg and f"exit code {code}" in msg and "\n" not in msg
 
@@ -51,17 +56,27 @@ def test_unregistered_and_unregistered_while_running_sites_exit_1_with_the_hint(
     try:
         server = start(fed, fedserver_cmd(fed, address, ["market1501"], "rounds=40"), logs / "fedserver.log")
         wait_registered(logs / "fedserver.log", ["market1501"], 120, server)
-        good = start(fed, fedclient_cmd(fed, "market1501", address, fed.data["market1501"], key=fed.key("market1501")),
-                     logs / "market1501.log")
+        good = start(
+            fed,
+            fedclient_cmd(fed, "market1501", address, fed.data["market1501"], key=fed.key("market1501")),
+            logs / "market1501.log",
+        )
         # a real key that the coordinator never registered
-        never = start(fed, fedclient_cmd(fed, "dukemtmc", address, fed.data["dukemtmc"], key=fed.key("dukemtmc")),
-                      logs / "dukemtmc.log")
+        never = start(
+            fed,
+            fedclient_cmd(fed, "dukemtmc", address, fed.data["dukemtmc"], key=fed.key("dukemtmc")),
+            logs / "dukemtmc.log",
+        )
         never_code = never.wait(timeout=150)
         # the registered site trains; then the operator unregisters its key while the run goes on
         wait_for_text(logs / "fedserver.log", r"\[round 1/40\]", 240, server)
         assert good.poll() is None, (logs / "market1501.log").read_text()[-3000:]
-        assert unregister_site_main(["--site", "market1501", "--superlink", address,
-                                     "--root-certificates", str(fed.tls.ca_cert)]) == 0
+        assert (
+            unregister_site_main(
+                ["--site", "market1501", "--superlink", address, "--root-certificates", str(fed.tls.ca_cert)]
+            )
+            == 0
+        )
         good_code = good.wait(timeout=150)  # Flower heartbeats every 30 s
     finally:
         stop_all(fed, str(tmp_path))
@@ -75,8 +90,11 @@ def test_unregistered_and_unregistered_while_running_sites_exit_1_with_the_hint(
     good_log = (logs / "market1501.log").read_text()
     assert good_code == 1, good_log[-3000:]
     # Flower's own SuperNode stopped "gracefully" (status 0) on the 401: fedclient reports it
-    assert re.search(r"the SuperNode stopped \(exit code 0\) before the run ended \(last round trained here: "
-                     r"\d+ of 40\)", good_log), good_log[-3000:]
+    assert re.search(
+        r"the SuperNode stopped \(exit code 0\) before the run ended \(last round trained here: "
+        r"\d+ of 40\)",
+        good_log,
+    ), good_log[-3000:]
     assert HINT in good_log
     assert (tmp_path / "state" / "market1501" / PROGRESS_FILE).is_file()
     time.sleep(1)

@@ -98,9 +98,7 @@ def test_hand_computed_skipped_query_and_mean():
     #   after g2 -> AP 1/2, first hit rank 2.
     # q1 (pid 2, cam 0): only g3 pid 2 cam 0, removed -> skipped.
     # q2 (pid 3, cam 1): g2 pid 3 cam 0 at position 1 -> AP 1, first hit rank 1.
-    distmat = np.array(
-        [[0.0, 0.5, 0.2, 0.9], [0.1, 0.2, 0.3, 0.4], [0.9, 0.8, 0.1, 0.7]], dtype=np.float32
-    )
+    distmat = np.array([[0.0, 0.5, 0.2, 0.9], [0.1, 0.2, 0.3, 0.4], [0.9, 0.8, 0.1, 0.7]], dtype=np.float32)
     cmc, mAP = evaluate_rank(distmat, [1, 2, 3], [1, 1, 3, 2], [0, 0, 1], [0, 1, 0, 0], 3)
     np.testing.assert_array_equal(cmc, np.array([0.5, 1, 1], dtype=np.float32))
     assert mAP == pytest.approx(0.75, abs=1e-12)

@@ -31,11 +31,18 @@ from tests.test_strategy import MAN, arrays, manager, res
 
 
 def strategy(**kw):
-    return FedReIDStrategy(manifest=MAN, initial_arrays=arrays(0.0), sites=["cuhk03", "dukemtmc", "market1501", "msmt17"],
-                           min_available_sites=2, wait_for_sites_s=1, **kw)
+    return FedReIDStrategy(
+        manifest=MAN,
+        initial_arrays=arrays(0.0),
+        sites=["cuhk03", "dukemtmc", "market1501", "msmt17"],
+        min_available_sites=2,
+        wait_for_sites_s=1,
+        **kw,
+    )
 
 
 # ---- strategy: the true round after a resume ----
+
 
 def test_round_offset_reaches_fit_config_records_and_reports():
     seen = []
@@ -52,7 +59,8 @@ def test_sampling_and_noise_of_a_round_do_not_depend_on_the_offset():
     # round 7 of an uninterrupted run == Flower round 2 of a run resumed after round 5
     a = strategy(fraction=0.5, beta=0.1, seed=3, noise_secret="k").configure_fit(7, packed(arrays(1.0)), manager(4))
     b = strategy(fraction=0.5, beta=0.1, seed=3, noise_secret="k", round_offset=5).configure_fit(
-        2, packed(arrays(1.0)), manager(4))
+        2, packed(arrays(1.0)), manager(4)
+    )
     assert [p.cid for p, _ in a] == [p.cid for p, _ in b]
     for (_, fa), (_, fb) in zip(a, b):
         for x, y in zip(unpacked(MAN, fa.parameters), unpacked(MAN, fb.parameters)):
@@ -95,10 +103,19 @@ def test_strategy_state_round_trip_and_seed_check():
 
 # ---- the server checkpoint ----
 
+
 def _checkpoint(rnd: int, value: float) -> ServerCheckpoint:
-    return ServerCheckpoint(round=rnd, keys=list(MAN.keys), arrays=arrays(value), manifest_hash=MAN.hash,
-                            config={"rounds": 9}, strategy={"seed": 0, "site_models": {}}, rng=capture_rng(),
-                            metrics=[{"round": r} for r in range(rnd + 1)], elapsed_s=12.5)
+    return ServerCheckpoint(
+        round=rnd,
+        keys=list(MAN.keys),
+        arrays=arrays(value),
+        manifest_hash=MAN.hash,
+        config={"rounds": 9},
+        strategy={"seed": 0, "site_models": {}},
+        rng=capture_rng(),
+        metrics=[{"round": r} for r in range(rnd + 1)],
+        elapsed_s=12.5,
+    )
 
 
 def test_checkpoint_round_trip_restores_parameters_metrics_and_rng(tmp_path):
@@ -133,8 +150,14 @@ def test_a_crash_while_writing_leaves_the_previous_checkpoint(tmp_path, monkeypa
 
 
 def test_an_old_checkpoint_without_strategy_state_is_refused(tmp_path):
-    save_global_checkpoint(tmp_path / CHECKPOINT, keys=list(MAN.keys), arrays=arrays(0.0), server_round=1,
-                           manifest_hash=MAN.hash, config={})
+    save_global_checkpoint(
+        tmp_path / CHECKPOINT,
+        keys=list(MAN.keys),
+        arrays=arrays(0.0),
+        server_round=1,
+        manifest_hash=MAN.hash,
+        config={},
+    )
     with pytest.raises(ValueError, match="not a resumable checkpoint"):
         load_server_checkpoint(tmp_path / CHECKPOINT)
 
@@ -169,9 +192,16 @@ def test_a_run_stopped_after_its_last_checkpoint_only_needs_its_final_outputs(tm
 
 # ---- the site state: previous file ----
 
+
 def _state(rnd: int) -> SiteState:
-    return SiteState(site="s", manifest_hash="h", num_classes=2, last_round=rnd, rounds_trained=rnd,
-                     model={"w": torch.full((2,), float(rnd))})
+    return SiteState(
+        site="s",
+        manifest_hash="h",
+        num_classes=2,
+        last_round=rnd,
+        rounds_trained=rnd,
+        model={"w": torch.full((2,), float(rnd))},
+    )
 
 
 def _load(d, before=None):
@@ -202,6 +232,7 @@ def test_a_crash_between_the_two_site_writes_leaves_the_previous_state(tmp_path)
 
 # ---- real processes ----
 
+
 @pytest.mark.timeout(900)
 def test_coordinator_killed_mid_run_resumes_to_the_same_parameters(tmp_path):
     """Two federations side by side, 3 rounds, 2 sites each, the same seeds. B's coordinator
@@ -222,14 +253,20 @@ def test_coordinator_killed_mid_run_resumes_to_the_same_parameters(tmp_path):
                 fed.start_site(s)
         # kill as soon as both sites saved round 2: usually before the coordinator checkpointed it,
         # so the resumed run asks round 2 again of sites that already trained it (previous state file)
-        b.wait_for(lambda: min(b.site_round(s) for s in sites) >= 2 or b.checkpoint_round() >= 2, 420,
-                   "the sites to train round 2")
+        b.wait_for(
+            lambda: min(b.site_round(s) for s in sites) >= 2 or b.checkpoint_round() >= 2,
+            420,
+            "the sites to train round 2",
+        )
         b.kill_coordinator()
         killed_after = b.checkpoint_round()
         b.start_server(resume=True)
         old = dict(b.site_procs)
-        b.wait_for(lambda: all(p.poll() is not None for p in old.values()), 300,
-                   "the old sites to be refused by the new SuperLink and exit")
+        b.wait_for(
+            lambda: all(p.poll() is not None for p in old.values()),
+            300,
+            "the old sites to be refused by the new SuperLink and exit",
+        )
         for s in sites:
             b.start_site(s)
         assert b.wait_server(600) == 0, b.logs()

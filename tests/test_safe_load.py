@@ -114,8 +114,13 @@ def test_an_older_file_holding_numpy_is_refused_and_converts_when_trusted(tmp_pa
 
 
 def test_to_plain_makes_numpy_loadable_and_keeps_values(tmp_path):
-    obj = {"a": np.arange(6, dtype=np.float32).reshape(2, 3), "s": np.float64(0.25), "n": np.int64(7),
-           "t": (1, [np.uint32(3)]), "state": torch.ones(2)}
+    obj = {
+        "a": np.arange(6, dtype=np.float32).reshape(2, 3),
+        "s": np.float64(0.25),
+        "n": np.int64(7),
+        "t": (1, [np.uint32(3)]),
+        "state": torch.ones(2),
+    }
     plain = to_plain(obj)
     assert isinstance(plain["s"], float) and plain["s"] == 0.25 and type(plain["n"]) is int
     assert plain["t"] == (1, [3]) and isinstance(plain["t"], tuple)
@@ -128,15 +133,27 @@ def test_to_plain_makes_numpy_loadable_and_keeps_values(tmp_path):
 def test_site_states_round_trip_under_the_safe_load(tmp_path):
     model = {"embedding.w": torch.randn(3), "head.b": torch.zeros(2)}
     opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(2))], lr=0.1, momentum=0.9, nesterov=True).state_dict()
-    save_state(tmp_path, SiteState(site="market1501", manifest_hash="h", num_classes=4, last_round=2,
-                                   rounds_trained=2, model=model, optimizer=opt,
-                                   history=[{"round": 2, "loss": np.float32(0.5)}]))
+    save_state(
+        tmp_path,
+        SiteState(
+            site="market1501",
+            manifest_hash="h",
+            num_classes=4,
+            last_round=2,
+            rounds_trained=2,
+            model=model,
+            optimizer=opt,
+            history=[{"round": 2, "loss": np.float32(0.5)}],
+        ),
+    )
     st = load_state(tmp_path, site="market1501", manifest_hash="h", num_classes=4, before_round=3)
     assert st.last_round == 2 and torch.equal(st.model["embedding.w"], model["embedding.w"])
     assert st.history == [{"round": 2, "loss": 0.5}] and st.optimizer["param_groups"][0]["nesterov"] is True
     hn = np.array([5, 1, 9], dtype=np.int64)
-    save_fedfr_state(tmp_path, FedFRSiteState(site="face1", manifest_hash="h", public_hash="p", num_local=3,
-                                              last_round=1, hard_negatives=hn))
+    save_fedfr_state(
+        tmp_path,
+        FedFRSiteState(site="face1", manifest_hash="h", public_hash="p", num_local=3, last_round=1, hard_negatives=hn),
+    )
     fst = load_fedfr_state(tmp_path, site="face1")
     assert isinstance(fst.hard_negatives, np.ndarray) and fst.hard_negatives.tolist() == [5, 1, 9]
 

@@ -59,6 +59,7 @@ def _handshake(tls: Path, server_hostname: str) -> None:
 
 # ---- fedserver certs ----
 
+
 def test_certs_cover_hosts_verify_with_openssl_and_keep_keys_private(tmp_path, capsys):
     out = tmp_path / "tls"
     assert certs_main([str(out), "--host", "10.200.0.1", "--host", "coord.example.org", "--host", "::1"]) == 0
@@ -66,8 +67,9 @@ def test_certs_cover_hosts_verify_with_openssl_and_keep_keys_private(tmp_path, c
     ca = x509.load_pem_x509_certificate((out / "ca.crt").read_bytes())
     cert = x509.load_pem_x509_certificate((out / "server.pem").read_bytes())
     san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
-    assert set(san.get_values_for_type(x509.IPAddress)) == {ipaddress.ip_address(a) for a in
-                                                           ("10.200.0.1", "::1", "127.0.0.1")}
+    assert set(san.get_values_for_type(x509.IPAddress)) == {
+        ipaddress.ip_address(a) for a in ("10.200.0.1", "::1", "127.0.0.1")
+    }
     assert set(san.get_values_for_type(x509.DNSName)) == {"coord.example.org", "localhost"}
     cert.verify_directly_issued_by(ca)
     assert ca.extensions.get_extension_for_class(x509.BasicConstraints).value.ca is True
@@ -110,6 +112,7 @@ def test_certs_reject_a_malformed_host(tmp_path):
 
 # ---- fedclient keygen ----
 
+
 def test_keygen_writes_a_p384_openssh_pair_that_openssh_and_flower_accept(tmp_path, capsys):
     assert keygen_main(["--site", "market1501", "--out", str(tmp_path)]) == 0
     printed = capsys.readouterr().out
@@ -125,8 +128,9 @@ def test_keygen_writes_a_p384_openssh_pair_that_openssh_and_flower_accept(tmp_pa
     from flwr.supernode.cli.flower_supernode import _try_setup_client_authentication
 
     assert b"BEGIN PUBLIC KEY" in try_load_public_key(pub)
-    pair = _try_setup_client_authentication(argparse.Namespace(auth_supernode_private_key=str(priv),
-                                                               auth_supernode_public_key=None))
+    pair = _try_setup_client_authentication(
+        argparse.Namespace(auth_supernode_private_key=str(priv), auth_supernode_public_key=None)
+    )
     assert pair[1] == key.public_key()
     # the fingerprint printed is OpenSSH's own
     fp = security.fingerprint(key.public_key())
@@ -140,14 +144,21 @@ def test_keygen_writes_a_p384_openssh_pair_that_openssh_and_flower_accept(tmp_pa
 
 
 def test_keygen_through_the_fedclient_entry_point(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "client.main", "keygen", "--site", "dukemtmc", "--out", str(tmp_path)],
-                       check=False, cwd=REPO, capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [sys.executable, "-m", "client.main", "keygen", "--site", "dukemtmc", "--out", str(tmp_path)],
+        check=False,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 0, r.stderr
     assert (tmp_path / "dukemtmc.key").is_file() and (tmp_path / "dukemtmc.pub").is_file()
     assert "fedserver register-site dukemtmc.pub --site dukemtmc" in r.stdout
 
 
 # ---- fedserver register-site (keys folder) ----
+
 
 def test_register_site_copies_keys_and_refuses_clashes(tmp_path, capsys):
     keys, reg = tmp_path / "keys", tmp_path / "registry"
@@ -163,8 +174,7 @@ def test_register_site_copies_keys_and_refuses_clashes(tmp_path, capsys):
     # a second, different key for a site needs --force
     with pytest.raises(SystemExit, match="already has a different key"):
         register_site_main([str(keys / "other.pub"), "--site", "dukemtmc", "--keys-dir", str(reg)])
-    assert register_site_main([str(keys / "other.pub"), "--site", "dukemtmc", "--keys-dir", str(reg),
-                               "--force"]) == 0
+    assert register_site_main([str(keys / "other.pub"), "--site", "dukemtmc", "--keys-dir", str(reg), "--force"]) == 0
     assert (reg / "dukemtmc.pub").read_bytes() == (keys / "other.pub").read_bytes()
     # a private key given by mistake is refused, and not copied
     with pytest.raises(SystemExit, match="PRIVATE key"):
@@ -178,8 +188,9 @@ def test_register_site_copies_keys_and_refuses_clashes(tmp_path, capsys):
 
 def test_register_site_refuses_keys_flower_cannot_use(tmp_path):
     ed = ed25519.Ed25519PrivateKey.generate().public_key()
-    (tmp_path / "ed.pub").write_bytes(ed.public_bytes(serialization.Encoding.OpenSSH,
-                                                      serialization.PublicFormat.OpenSSH))
+    (tmp_path / "ed.pub").write_bytes(
+        ed.public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
+    )
     (tmp_path / "junk.pub").write_text("not a key\n")
     for f in ("ed.pub", "junk.pub"):
         with pytest.raises(SystemExit, match="expected"):
@@ -195,23 +206,32 @@ def test_fedserver_start_refuses_a_missing_keys_folder(tmp_path):
 
 # ---- the coordinator's TLS / node-auth settings ----
 
+
 def test_superlink_command_for_tls_and_node_auth(tmp_path):
     certs_main([str(tmp_path)])
-    tls = [f"superlink.ca_cert={tmp_path / 'ca.crt'}", f"superlink.cert={tmp_path / 'server.pem'}",
-           f"superlink.key={tmp_path / 'server.key'}"]
+    tls = [
+        f"superlink.ca_cert={tmp_path / 'ca.crt'}",
+        f"superlink.cert={tmp_path / 'server.pem'}",
+        f"superlink.key={tmp_path / 'server.key'}",
+    ]
     cmd = build_superlink_cmd(compose_experiment([*tls, "superlink.node_auth=true"]))
     assert "--enable-supernode-auth" in cmd and "--insecure" not in cmd
     assert cmd[cmd.index("--ssl-keyfile") + 1] == str(tmp_path / "server.key")
     assert "--enable-supernode-auth" not in build_superlink_cmd(compose_experiment(tls))
 
 
-@pytest.mark.parametrize(("overrides", "message"), [
-    ([], "TLS needs superlink.ca_cert, superlink.cert, superlink.key"),
-    (["superlink.insecure=true", "superlink.node_auth=true"], "node_auth=true needs TLS"),
-    (["superlink.insecure=true", "superlink.site_keys=/keys"], "superlink.node_auth=false"),
-    (["superlink.ca_cert=/nope/ca.crt", "superlink.cert=/nope/s.pem", "superlink.key=/nope/s.key"],
-     "file not found"),
-])
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ([], "TLS needs superlink.ca_cert, superlink.cert, superlink.key"),
+        (["superlink.insecure=true", "superlink.node_auth=true"], "node_auth=true needs TLS"),
+        (["superlink.insecure=true", "superlink.site_keys=/keys"], "superlink.node_auth=false"),
+        (
+            ["superlink.ca_cert=/nope/ca.crt", "superlink.cert=/nope/s.pem", "superlink.key=/nope/s.key"],
+            "file not found",
+        ),
+    ],
+)
 def test_superlink_refuses_unsafe_or_incomplete_settings(overrides, message):
     with pytest.raises(SystemExit, match=message):
         build_superlink_cmd(compose_experiment(overrides))
@@ -219,9 +239,14 @@ def test_superlink_refuses_unsafe_or_incomplete_settings(overrides, message):
 
 def test_fedserver_without_tls_or_insecure_refuses_to_start(tmp_path):
     # model.pretrained=none: the paper preset's ImageNet weights are checked first (none here)
-    r = subprocess.run([sys.executable, "-m", "server.main", f"run_dir={tmp_path / 'run'}", "model.pretrained=none"],
-                       cwd=REPO,
-                       check=False, capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-m", "server.main", f"run_dir={tmp_path / 'run'}", "model.pretrained=none"],
+        cwd=REPO,
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode != 0
     assert "TLS needs superlink.ca_cert" in r.stderr and "superlink.insecure=true" in r.stderr
     assert not (tmp_path / "run" / "superlink.log").exists()  # nothing was started
@@ -231,9 +256,21 @@ def test_fedserver_without_tls_or_insecure_refuses_to_start(tmp_path):
 def test_fedserver_plain_text_warns(tmp_path):
     port = processes.free_port()
     log = tmp_path / "fedserver.log"
-    proc = processes.start([sys.executable, "-m", "server.main", "experiment=demo", f"run_dir={tmp_path / 'run'}",
-                            "superlink.insecure=true", f"superlink.address=127.0.0.1:{port}", "wait_for_sites_s=30"],
-                           processes.tool_env(), log_path=log, cwd=REPO)
+    proc = processes.start(
+        [
+            sys.executable,
+            "-m",
+            "server.main",
+            "experiment=demo",
+            f"run_dir={tmp_path / 'run'}",
+            "superlink.insecure=true",
+            f"superlink.address=127.0.0.1:{port}",
+            "wait_for_sites_s=30",
+        ],
+        processes.tool_env(),
+        log_path=log,
+        cwd=REPO,
+    )
     marker = str(tmp_path / "run" / "flwr_home" / "superlink")
     try:
         processes.wait_for_port("127.0.0.1", port, 60, proc)

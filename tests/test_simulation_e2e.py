@@ -22,15 +22,28 @@ pytestmark = pytest.mark.e2e
 # memory), a small object store, one thread per site.
 RAY_ENV = {"RAY_memory_monitor_refresh_ms": "0", "OMP_NUM_THREADS": "1"}
 SIM = ["--engine", "simulation", "engine.ray_num_cpus=2", "engine.object_store_fraction=0.02"]
-TINY_REID = ["--train-ids", "4", "--images-per-id", "4", "--target-ids", "3", "model.height=32", "model.width=16",
-             "train.batch_size=4", "train.max_steps_per_epoch=1", "wait_for_sites_s=120", "round_timeout_s=300"]
+TINY_REID = [
+    "--train-ids",
+    "4",
+    "--images-per-id",
+    "4",
+    "--target-ids",
+    "3",
+    "model.height=32",
+    "model.width=16",
+    "train.batch_size=4",
+    "train.max_steps_per_epoch=1",
+    "wait_for_sites_s=120",
+    "round_timeout_s=300",
+]
 
 
 def run_fedsim(args: list[str], tmp_path: Path, timeout_s: float) -> str:
     for k, v in RAY_ENV.items():
         os.environ.setdefault(k, v)
-    code, output = run_to_end([sys.executable, "-m", "server.sim", *args], cwd=REPO, marker=str(tmp_path),
-                              timeout_s=timeout_s)
+    code, output = run_to_end(
+        [sys.executable, "-m", "server.sim", *args], cwd=REPO, marker=str(tmp_path), timeout_s=timeout_s
+    )
     assert code == 0, output[-4000:]
     return output
 
@@ -56,8 +69,9 @@ def assert_run_outputs(out: Path, rounds: int) -> list[dict]:
 @pytest.mark.timeout(900)
 def test_six_virtual_reid_sites_two_rounds(tmp_path):
     out = tmp_path / "run"
-    output = run_fedsim(["--out", str(out), "--sites", "6", *SIM, *TINY_REID, "--timeout", "700", "rounds=2"],
-                        tmp_path, timeout_s=800)
+    output = run_fedsim(
+        ["--out", str(out), "--sites", "6", *SIM, *TINY_REID, "--timeout", "700", "rounds=2"], tmp_path, timeout_s=800
+    )
     rows = assert_run_outputs(out, 2)
     sites = {f"site0{i}" for i in range(1, 7)}
     for r in rows[1:]:
@@ -80,12 +94,43 @@ def test_six_virtual_reid_sites_two_rounds(tmp_path):
 @pytest.mark.timeout(900)
 def test_four_virtual_fedfr_sites(tmp_path):
     out = tmp_path / "run"
-    run_fedsim(["experiment=fedfr-demo", "--out", str(out), "--sites", "4", *SIM,
-                "--public-ids", "6", "--public-images", "4", "--ids-per-site", "3", "--train", "4", "--test", "2",
-                "--ijbc-subjects", "4", "--size", "16", "--timeout", "700",
-                "rounds=2", "fedfr.embedding_dim=16", "fedfr.pretrain_epochs=1", "fedfr.pretrain_batch_size=8",
-                "fedfr.local_epochs=1", "fedfr.batch_size=4", "eval.batch_size=32",
-                "wait_for_sites_s=120", "round_timeout_s=300"], tmp_path, timeout_s=800)
+    run_fedsim(
+        [
+            "experiment=fedfr-demo",
+            "--out",
+            str(out),
+            "--sites",
+            "4",
+            *SIM,
+            "--public-ids",
+            "6",
+            "--public-images",
+            "4",
+            "--ids-per-site",
+            "3",
+            "--train",
+            "4",
+            "--test",
+            "2",
+            "--ijbc-subjects",
+            "4",
+            "--size",
+            "16",
+            "--timeout",
+            "700",
+            "rounds=2",
+            "fedfr.embedding_dim=16",
+            "fedfr.pretrain_epochs=1",
+            "fedfr.pretrain_batch_size=8",
+            "fedfr.local_epochs=1",
+            "fedfr.batch_size=4",
+            "eval.batch_size=32",
+            "wait_for_sites_s=120",
+            "round_timeout_s=300",
+        ],
+        tmp_path,
+        timeout_s=800,
+    )
     rows = assert_run_outputs(out, 2)
     sites = [f"face0{i}" for i in range(1, 5)]
     for r in rows[1:]:
@@ -104,8 +149,20 @@ def test_four_virtual_fedfr_sites(tmp_path):
 @pytest.mark.timeout(1200)
 def test_deployment_and_simulation_give_the_same_global_model(tmp_path):
     """Same seed and config, fraction 1, no noise, one thread per site: one round on each runtime."""
-    same = ["--sites", "market1501", "dukemtmc", *TINY_REID, "--timeout", "500", "rounds=1", "eval.every=0",
-            "strategy.fraction=1.0", "privacy.beta=0.0", "train.threads=1", "engine.num_cpus=1"]
+    same = [
+        "--sites",
+        "market1501",
+        "dukemtmc",
+        *TINY_REID,
+        "--timeout",
+        "500",
+        "rounds=1",
+        "eval.every=0",
+        "strategy.fraction=1.0",
+        "privacy.beta=0.0",
+        "train.threads=1",
+        "engine.num_cpus=1",
+    ]
     run_fedsim(["--out", str(tmp_path / "dep"), *same], tmp_path, timeout_s=560)
     run_fedsim(["--out", str(tmp_path / "sim"), *same, *SIM], tmp_path, timeout_s=560)
     dep = torch.load(tmp_path / "dep" / "global_final.pt", weights_only=False)["state_dict_shared"]

@@ -118,8 +118,7 @@ def test_learning_rate_steps_down_every_40_rounds():
         assert opt.param_groups[1]["lr"] == pytest.approx(0.1 * factor)
 
 
-def test_site_process_in_memory_state_gives_the_same_rounds_as_per_message_clientapps(tiny_site, tmp_path,
-                                                                                        monkeypatch):
+def test_site_process_in_memory_state_gives_the_same_rounds_as_per_message_clientapps(tiny_site, tmp_path, monkeypatch):
     """One long-lived site (state held in memory, written in the background) and a new site object per
     round (state read from disk, as a per-message ClientApp) send the same updates, bit for bit."""
     cfg = tiny_config(train={"keep_optimizer_state": True})  # the momentum is held too
@@ -134,7 +133,9 @@ def test_site_process_in_memory_state_gives_the_same_rounds_as_per_message_clien
     held = Unpacked(FedReIDClient(cfg, settings(tmp_path / "held", True)))
     for rnd in (1, 2, 3):
         g = global_arrays(cfg, seed=rnd)
-        fresh_sent, n1, m1 = Unpacked(FedReIDClient(cfg, settings(tmp_path / "fresh", False))).fit(g, fit_config(cfg, rnd))
+        fresh_sent, n1, m1 = Unpacked(FedReIDClient(cfg, settings(tmp_path / "fresh", False))).fit(
+            g, fit_config(cfg, rnd)
+        )
         held_sent, n2, m2 = held.fit(g, fit_config(cfg, rnd))
         assert n1 == n2 and m1["loss"] == m2["loss"], rnd
         for k, a, b in zip(man.keys, fresh_sent, held_sent):

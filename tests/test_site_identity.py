@@ -64,8 +64,9 @@ def test_with_node_authentication_the_registration_names_the_node(tmp_path):
 
 
 def test_min_available_sites_counts_sites_not_nodes():
-    s = FedReIDStrategy(manifest=MAN, initial_arrays=arrays(0.0), sites=SITES, min_available_sites=4,
-                        wait_for_sites_s=1)
+    s = FedReIDStrategy(
+        manifest=MAN, initial_arrays=arrays(0.0), sites=SITES, min_available_sites=4, wait_for_sites_s=1
+    )
     cm = manager_of(["cuhk03", "dukemtmc", "market1501", "market1501"])  # 4 nodes, 3 sites
     with pytest.raises(TimeoutError, match="only 3 of the required 4 sites"):
         s.configure_fit(1, packed(arrays(0.0)), cm)

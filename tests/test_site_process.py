@@ -43,8 +43,12 @@ def test_channel_round_trip_raw_bytes_and_owner_only_socket(tmp_path):
         return {"ok": True, "sum": float(sum(a.astype(np.float64).sum() for a in arrays))}, arrays[::-1]
 
     rng = np.random.default_rng(0)
-    sent = [rng.integers(0, 256, 1000, dtype=np.uint8), rng.standard_normal((3, 4)).astype(np.float32),
-            np.empty((0,), np.float64), np.asfortranarray(rng.standard_normal((2, 5)))]
+    sent = [
+        rng.integers(0, 256, 1000, dtype=np.uint8),
+        rng.standard_normal((3, 4)).astype(np.float32),
+        np.empty((0,), np.float64),
+        np.asfortranarray(rng.standard_normal((2, 5))),
+    ]
     t = serve_once(path, handler)
     assert stat.S_ISSOCK(path.stat().st_mode) and stat.S_IMODE(path.stat().st_mode) == 0o600
     reply, back = request(path, {"op": "fit", "config": {"server_round": 3, "blob": b"\x00\xff", "x": 0.5}}, sent)
@@ -106,8 +110,14 @@ print(json.dumps({"out": parameters_to_ndarrays(res.parameters)[0].tolist(), "n"
 
 
 def test_forwarder_passes_the_message_and_imports_no_torch(tmp_path):
-    proc = subprocess.run([sys.executable, "-c", FORWARDER, str(tmp_path / "site.sock")], cwd=REPO,
-                          capture_output=True, text=True, timeout=120, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-c", FORWARDER, str(tmp_path / "site.sock")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["torch"] == []  # neither torch nor torchvision was imported
@@ -168,8 +178,9 @@ def test_supervisor_restarts_a_dead_site_process_a_bounded_number_of_times(tmp_p
         sup.stop()
     assert results == [True, True, False]
     assert marker.read_text() == "xxx"  # started once, restarted twice
-    assert "site s1: the site process ended (exit code 3); restarting it from its state file (restart 1 of 2)" \
-        in lines[0]
+    assert (
+        "site s1: the site process ended (exit code 3); restarting it from its state file (restart 1 of 2)" in lines[0]
+    )
     assert "restart 2 of 2" in lines[1] and "giving up" in lines[2]
     with pytest.raises(ValueError, match="--site-restarts must be >= 0"):
         SiteSupervisor("s1", cmd, {}, max_restarts=-1)

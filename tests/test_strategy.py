@@ -27,8 +27,14 @@ def manager(n):
 
 
 def strategy(**kw):
-    return FedReIDStrategy(manifest=MAN, initial_arrays=arrays(0.0), sites=kw.pop("sites", SITES),
-                           min_available_sites=kw.pop("n", 4), wait_for_sites_s=1, **kw)
+    return FedReIDStrategy(
+        manifest=MAN,
+        initial_arrays=arrays(0.0),
+        sites=kw.pop("sites", SITES),
+        min_available_sites=kw.pop("n", 4),
+        wait_for_sites_s=1,
+        **kw,
+    )
 
 
 def test_configure_fit_samples_ceil_s_n_and_sends_hash():
@@ -64,11 +70,18 @@ def test_aggregate_is_plain_mean_of_valid_updates_and_drops_bad_ones(caplog):
     need = packed_nbytes(MAN)  # (6 + 3) float32 = 36 bytes
     one_too_many = raw_bytes([np.zeros(7, np.float32), np.zeros(3, np.float32)])
     as_float64 = raw_bytes([a.astype(np.float64) for a in arrays(9.0)])
-    results = named_results(s, [res("market1501", arrays(1.0), n=100), res("dukemtmc", arrays(4.0), n=1),
-                                res("cuhk03", nan), fit_res("msmt17", ndarrays_to_parameters([one_too_many])),
-                                fit_res("viper", ndarrays_to_parameters([as_float64])),
-                                fit_res("grid", ndarrays_to_parameters(arrays(1.0))),  # unpacked: one array per tensor
-                                fit_res("ilids", ndarrays_to_parameters([np.zeros(9, np.float32)]))])  # not uint8
+    results = named_results(
+        s,
+        [
+            res("market1501", arrays(1.0), n=100),
+            res("dukemtmc", arrays(4.0), n=1),
+            res("cuhk03", nan),
+            fit_res("msmt17", ndarrays_to_parameters([one_too_many])),
+            fit_res("viper", ndarrays_to_parameters([as_float64])),
+            fit_res("grid", ndarrays_to_parameters(arrays(1.0))),  # unpacked: one array per tensor
+            fit_res("ilids", ndarrays_to_parameters([np.zeros(9, np.float32)])),
+        ],
+    )  # not uint8
     with caplog.at_level("WARNING", logger="fedserver"):
         params, metrics = s.aggregate_fit(1, results, [])
     out = unpacked(MAN, params)
@@ -100,8 +113,13 @@ def test_too_few_valid_updates_keeps_the_global_model():
 
 def test_server_noise_on_the_aggregate_has_std_beta():
     big = Manifest(keys=("embedding.w",), shapes=((200, 200),), dtypes=("float32",))
-    s = FedReIDStrategy(manifest=big, initial_arrays=[np.zeros((200, 200), np.float32)], sites=["0", "1", "2"],
-                        min_available_sites=3, beta=0.2)
+    s = FedReIDStrategy(
+        manifest=big,
+        initial_arrays=[np.zeros((200, 200), np.float32)],
+        sites=["0", "1", "2"],
+        min_available_sites=3,
+        beta=0.2,
+    )
     ups = named_results(s, [res(str(i), [np.full((200, 200), float(i), np.float32)]) for i in range(3)])
     params, _ = s.aggregate_fit(1, ups, [])
     d = unpacked(big, params)[0] - 1.0

@@ -33,10 +33,11 @@ FAKE_RUN = textwrap.dedent("""
 def _study(tmp_path, seeds=(0, 1, 2)):
     (tmp_path / "fake_run.py").write_text(FAKE_RUN)
     path = tmp_path / "toy.yaml"
-    path.write_text(textwrap.dedent(f"""
+    path.write_text(
+        textwrap.dedent(f"""
         name: toy
         description: two variants of a fake runner
-        command: [{tmp_path / 'fake_run.py'}]
+        command: [{tmp_path / "fake_run.py"}]
         overrides: [rounds=2]
         world: {{classes: 10}}
         seeds: {list(seeds)}
@@ -46,7 +47,8 @@ def _study(tmp_path, seeds=(0, 1, 2)):
           high: {{overrides: [x=0.6]}}
         tradeoffs:
           - {{name: x, x_label: x, metrics: [mean/R1], points: {{low: 0.2, high: 0.6}}}}
-    """))
+    """)
+    )
     return path
 
 
@@ -130,7 +132,8 @@ def test_a_tiny_real_study_on_the_simulation_engine(tmp_path):
         images = (labels[:, None, None] * 40 + rng.integers(0, 30, (n * 6, 28, 28))).astype(np.uint8)
         write_idx(src / f"{prefix}-images-idx3-ubyte", images)
         write_idx(src / f"{prefix}-labels-idx1-ubyte", labels.astype(np.uint8))
-    (tmp_path / "s.yaml").write_text(textwrap.dedent(f"""
+    (tmp_path / "s.yaml").write_text(
+        textwrap.dedent(f"""
         name: tiny
         command: [-m, server.sim]
         args: [--engine, simulation, --sites, a, b, --data-dir, "{{data}}", --world, fashion-mnist,
@@ -142,7 +145,8 @@ def test_a_tiny_real_study_on_the_simulation_engine(tmp_path):
         variants:
           fedreid: {{}}
           local: {{overrides: [strategy=local]}}
-    """))
+    """)
+    )
     out = tmp_path / "study"
     main([str(tmp_path / "s.yaml"), "--out", str(out), "--timeout", "900"])
     res = json.loads((out / "results.json").read_text())

@@ -19,10 +19,22 @@ def test_market_name_scheme():
 
 
 def test_writer_layout_and_reader_round_trip(tmp_path):
-    base = write_market_layout(tmp_path, num_train_ids=5, num_test_ids=4, num_cams=6, images_per_id=6,
-                               num_distractors=3, num_junk=2, height=32, width=16, seed=1)
+    base = write_market_layout(
+        tmp_path,
+        num_train_ids=5,
+        num_test_ids=4,
+        num_cams=6,
+        images_per_id=6,
+        num_distractors=3,
+        num_junk=2,
+        height=32,
+        width=16,
+        seed=1,
+    )
     assert base.name == "Market-1501-v15.09.15"
-    files = {d: sorted(p.name for p in (base / d).iterdir()) for d in ("bounding_box_train", "query", "bounding_box_test")}
+    files = {
+        d: sorted(p.name for p in (base / d).iterdir()) for d in ("bounding_box_train", "query", "bounding_box_test")
+    }
     for names in files.values():
         for n in names:
             assert MARKET_NAME.match(n), n
@@ -55,8 +67,12 @@ def test_writer_layout_and_reader_round_trip(tmp_path):
 
 
 def test_writer_is_seeded(tmp_path):
-    a = write_market_layout(tmp_path / "a", num_train_ids=2, num_test_ids=1, images_per_id=2, height=16, width=8, seed=3)
-    b = write_market_layout(tmp_path / "b", num_train_ids=2, num_test_ids=1, images_per_id=2, height=16, width=8, seed=3)
+    a = write_market_layout(
+        tmp_path / "a", num_train_ids=2, num_test_ids=1, images_per_id=2, height=16, width=8, seed=3
+    )
+    b = write_market_layout(
+        tmp_path / "b", num_train_ids=2, num_test_ids=1, images_per_id=2, height=16, width=8, seed=3
+    )
     for pa in sorted((a / "bounding_box_train").iterdir()):
         pb = b / "bounding_box_train" / pa.name
         np.testing.assert_array_equal(np.asarray(Image.open(pa)), np.asarray(Image.open(pb)))

@@ -10,6 +10,7 @@ under the test's folder and is killed at the end, also on failure.
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import re
@@ -29,14 +30,22 @@ from common.datasets.synthetic import write_market_layout
 from server.admin import certs_main, list_sites_main, register_site_main
 
 REPO = Path(__file__).resolve().parents[1]
-TINY = ["experiment=demo", "rounds=1", "model.height=32", "model.width=16", "train.max_steps_per_epoch=1",
-        "train.batch_size=4", "eval.every=0"]
+TINY = [
+    "experiment=demo",
+    "rounds=1",
+    "model.height=32",
+    "model.width=16",
+    "train.max_steps_per_epoch=1",
+    "train.batch_size=4",
+    "eval.every=0",
+]
 REFUSED_NO_KEY = "SuperNode authentication is enabled. All SuperNodes must be registered"
 REFUSED_UNKNOWN_KEY = "Failed to activate SuperNode"
 SUPERLINK_REFUSAL = "No SuperNode found with the given public key"
 
 
 # ---- helpers shared with test_netns_e2e.py ----
+
 
 @dataclass
 class Federation:
@@ -53,40 +62,89 @@ class Federation:
         return self.keys / f"{name}.key"
 
 
-def make_federation(root: Path, *, hosts: list[str], sites: list[str], register: list[str],
-                    extra_keys: list[str] = ()) -> Federation:
+def make_federation(
+    root: Path, *, hosts: list[str], sites: list[str], register: list[str], extra_keys: list[str] = ()
+) -> Federation:
     tls_dir, keys, registry = root / "tls", root / "keys", root / "registry"
     assert certs_main([str(tls_dir), *[a for h in hosts for a in ("--host", h)]]) == 0
     for name in [*sites, *extra_keys]:
         assert keygen_main(["--site", name, "--out", str(keys)]) == 0
     for name in register:
         assert register_site_main([str(keys / f"{name}.pub"), "--site", name, "--keys-dir", str(registry)]) == 0
-    fed = Federation(root, security.TlsFiles(tls_dir / "ca.crt", tls_dir / "ca.key", tls_dir / "server.pem",
-                                             tls_dir / "server.key"), keys, registry)
+    fed = Federation(
+        root,
+        security.TlsFiles(tls_dir / "ca.crt", tls_dir / "ca.key", tls_dir / "server.pem", tls_dir / "server.key"),
+        keys,
+        registry,
+    )
     for i, site in enumerate(sites):
         fed.data[site] = root / "data" / site
-        write_market_layout(fed.data[site], num_train_ids=4, num_test_ids=2, images_per_id=4, height=32, width=16,
-                            seed=10 + i, identity_seed=1000 + i)
+        write_market_layout(
+            fed.data[site],
+            num_train_ids=4,
+            num_test_ids=2,
+            images_per_id=4,
+            height=32,
+            width=16,
+            seed=10 + i,
+            identity_seed=1000 + i,
+        )
     return fed
 
 
 def fedserver_cmd(fed: Federation, address: str, sites: list[str], *extra: str) -> list[str]:
-    return [sys.executable, "-m", "server.main", *TINY, f"run_dir={fed.root / 'run'}",
-            f"sites=[{','.join(sites)}]", f"strategy.min_available_sites={len(sites)}",
-            f"superlink.address={address}", "superlink.insecure=false",
-            f"superlink.ca_cert={fed.tls.ca_cert}", f"superlink.cert={fed.tls.cert}",
-            f"superlink.key={fed.tls.key}", "superlink.node_auth=true", f"superlink.site_keys={fed.registry}",
-            "wait_for_sites_s=120", "round_timeout_s=150", *extra]
+    return [
+        sys.executable,
+        "-m",
+        "server.main",
+        *TINY,
+        f"run_dir={fed.root / 'run'}",
+        f"sites=[{','.join(sites)}]",
+        f"strategy.min_available_sites={len(sites)}",
+        f"superlink.address={address}",
+        "superlink.insecure=false",
+        f"superlink.ca_cert={fed.tls.ca_cert}",
+        f"superlink.cert={fed.tls.cert}",
+        f"superlink.key={fed.tls.key}",
+        "superlink.node_auth=true",
+        f"superlink.site_keys={fed.registry}",
+        "wait_for_sites_s=120",
+        "round_timeout_s=150",
+        *extra,
+    ]
 
 
-def fedclient_cmd(fed: Federation, site: str, superlink: str, data_root: Path, *, key: Path | None,
-                  label: str | None = None) -> list[str]:
+def fedclient_cmd(
+    fed: Federation, site: str, superlink: str, data_root: Path, *, key: Path | None, label: str | None = None
+) -> list[str]:
     label = label or site
-    cmd = [sys.executable, "-m", "client.main", "--site", site, "--superlink", superlink,
-           "--root-certificates", str(fed.tls.ca_cert), "--data-root", str(data_root), "--reader", "market1501",
-           "--state-dir", str(fed.root / "state" / label), "--flwr-home", str(fed.root / "flwr_home" / label),
-           "--port", str(processes.free_port()), "--max-retries", "3", "--max-wait-time", "60",
-           "--batch-size", "4"]  # TINY's train.batch_size
+    cmd = [
+        sys.executable,
+        "-m",
+        "client.main",
+        "--site",
+        site,
+        "--superlink",
+        superlink,
+        "--root-certificates",
+        str(fed.tls.ca_cert),
+        "--data-root",
+        str(data_root),
+        "--reader",
+        "market1501",
+        "--state-dir",
+        str(fed.root / "state" / label),
+        "--flwr-home",
+        str(fed.root / "flwr_home" / label),
+        "--port",
+        str(processes.free_port()),
+        "--max-retries",
+        "3",
+        "--max-wait-time",
+        "60",
+        "--batch-size",
+        "4",
+    ]  # TINY's train.batch_size
     return cmd + (["--auth-key", str(key)] if key else [])
 
 
@@ -104,8 +162,9 @@ def wait_for_text(path: Path, pattern: str, timeout_s: float, proc: subprocess.P
         if re.search(pattern, text):
             return text
         if proc is not None and proc.poll() is not None:
-            pytest.fail(f"process ended with code {proc.returncode} before {pattern!r} appeared in {path}:\n"
-                        f"{text[-3000:]}")
+            pytest.fail(
+                f"process ended with code {proc.returncode} before {pattern!r} appeared in {path}:\n{text[-3000:]}"
+            )
         time.sleep(0.5)
     pytest.fail(f"{pattern!r} did not appear in {path} within {timeout_s:.0f}s:\n{path.read_text()[-3000:]}")
 
@@ -122,10 +181,8 @@ def stop_all(fed: Federation, marker: str) -> None:
     for proc in reversed(fed.procs):
         processes.stop(proc, grace_s=5)
     for pid in processes_mentioning(marker):
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 def processes_mentioning(marker: str) -> list[int]:
@@ -179,11 +236,11 @@ def metrics_rows(run_dir: Path) -> list[dict]:
 
 # ---- the test ----
 
+
 @pytest.mark.timeout(300)
 def test_registered_sites_train_and_unregistered_are_refused(tmp_path):
     sites = ["market1501", "dukemtmc"]
-    fed = make_federation(tmp_path, hosts=["127.0.0.1"], sites=sites, register=sites,
-                          extra_keys=["cuhk03", "impostor"])
+    fed = make_federation(tmp_path, hosts=["127.0.0.1"], sites=sites, register=sites, extra_keys=["cuhk03", "impostor"])
     port = processes.free_port()
     address = f"127.0.0.1:{port}"
     run_dir = tmp_path / "run"
@@ -206,14 +263,25 @@ def test_registered_sites_train_and_unregistered_are_refused(tmp_path):
             start(fed, fedclient_cmd(fed, s, address, fed.data[s], key=fed.key(s)), logs / f"{s}.log")
         bad = {
             # claims a registered site's name, with a key that is not that site's
-            "impostor": start(fed, fedclient_cmd(fed, "dukemtmc", address, fed.data["dukemtmc"],
-                                                 key=fed.key("impostor"), label="impostor"), logs / "impostor.log"),
+            "impostor": start(
+                fed,
+                fedclient_cmd(
+                    fed, "dukemtmc", address, fed.data["dukemtmc"], key=fed.key("impostor"), label="impostor"
+                ),
+                logs / "impostor.log",
+            ),
             # a real key, never registered by the coordinator
-            "cuhk03": start(fed, fedclient_cmd(fed, "cuhk03", address, fed.data["market1501"],
-                                               key=fed.key("cuhk03")), logs / "cuhk03.log"),
+            "cuhk03": start(
+                fed,
+                fedclient_cmd(fed, "cuhk03", address, fed.data["market1501"], key=fed.key("cuhk03")),
+                logs / "cuhk03.log",
+            ),
             # no key at all
-            "nokey": start(fed, fedclient_cmd(fed, "msmt17", address, fed.data["market1501"], key=None,
-                                              label="nokey"), logs / "nokey.log"),
+            "nokey": start(
+                fed,
+                fedclient_cmd(fed, "msmt17", address, fed.data["market1501"], key=None, label="nokey"),
+                logs / "nokey.log",
+            ),
         }
         bad_codes = {name: p.wait(timeout=90) for name, p in bad.items()}
         server_code = server.wait(timeout=240)

@@ -16,9 +16,7 @@ from common.evaluation.verification import (
 TARGETS = (0.0, 1e-3, 0.01, 0.05, 0.1, 0.25, 0.5, 0.999, 1.0)
 
 
-def brute_force(
-    genuine: np.ndarray, impostor: np.ndarray, target: float
-) -> tuple[float, float, float]:
+def brute_force(genuine: np.ndarray, impostor: np.ndarray, target: float) -> tuple[float, float, float]:
     """(t, FAR(t), TAR): the smallest candidate t with FAR(t) <= target, by a plain loop.
 
     FAR only changes at impostor scores, so the candidates are -inf and every impostor score.
@@ -104,9 +102,7 @@ def test_chunked_input_equals_array_input(form, collect_cap, tmp_path):
         "callable": lambda: (p for p in parts),
     }[form]
     expected = verification_operating_points(genuine, impostor, TARGETS, collect_cap=collect_cap)
-    got = verification_operating_points(
-        genuine, source, TARGETS, collect_cap=collect_cap, spool_dir=str(tmp_path)
-    )
+    got = verification_operating_points(genuine, source, TARGETS, collect_cap=collect_cap, spool_dir=str(tmp_path))
     assert got == expected
     assert list(tmp_path.iterdir()) == []  # the spool file is gone
     check_against_brute_force(genuine, impostor, impostor, collect_cap=collect_cap)

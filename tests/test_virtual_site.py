@@ -20,16 +20,22 @@ from tests.conftest import tiny_config
 def sim_config(n: int = 3, **engine) -> object:
     sites = [f"site{i:02d}" for i in range(1, n + 1)]
     vs = {s: {"reader": "market1501", "data_root": f"/data/{s}", "state_dir": f"/state/{s}"} for s in sites}
-    return tiny_config(sites=sites, strategy={"min_available_sites": n},
-                       engine={"name": "simulation", "sites": vs, **engine})
+    return tiny_config(
+        sites=sites, strategy={"min_available_sites": n}, engine={"name": "simulation", "sites": vs, **engine}
+    )
 
 
 def test_partition_id_maps_to_its_own_site():
     cfg = sim_config(3)
     nodes = [virtual_node_config(cfg, {"partition-id": i, "num-partitions": 3}) for i in range(3)]
     assert [n["site"] for n in nodes] == ["site01", "site02", "site03"]  # partition i = sites[i]
-    assert nodes[1] == {"site": "site02", "data-root": "/data/site02", "reader": "market1501",
-                        "state-dir": "/state/site02", "device": "cpu"}
+    assert nodes[1] == {
+        "site": "site02",
+        "data-root": "/data/site02",
+        "reader": "market1501",
+        "state-dir": "/state/site02",
+        "device": "cpu",
+    }
     # nothing private shared: every virtual site its own data and state folder
     assert len({n["state-dir"] for n in nodes}) == 3 and len({n["data-root"] for n in nodes}) == 3
 
@@ -47,11 +53,14 @@ def test_a_real_sites_node_config_is_not_virtual():
     assert not is_virtual({"site": "market1501", "partition-id": 0})
 
 
-@pytest.mark.parametrize("node, msg", [
-    ({"partition-id": 0, "num-partitions": 4}, "runs 4 virtual sites but the run config lists 3"),
-    ({"partition-id": 3, "num-partitions": 3}, "partition id 3 out of range 0..2"),
-    ({"partition-id": "0", "num-partitions": 3}, "expected an integer 'partition-id'"),
-])
+@pytest.mark.parametrize(
+    "node, msg",
+    [
+        ({"partition-id": 0, "num-partitions": 4}, "runs 4 virtual sites but the run config lists 3"),
+        ({"partition-id": 3, "num-partitions": 3}, "partition id 3 out of range 0..2"),
+        ({"partition-id": "0", "num-partitions": 3}, "expected an integer 'partition-id'"),
+    ],
+)
 def test_bad_node_config_is_a_clear_error(node, msg):
     with pytest.raises(ValueError, match=msg):
         virtual_node_config(sim_config(3), node)
@@ -66,8 +75,16 @@ def test_a_site_without_settings_is_refused():
 
 def test_engine_config_refuses_shared_state_and_bad_values():
     with pytest.raises(ValueError, match="sites.site02.state_dir: expected a folder of its own"):
-        tiny_config(sites=["site01", "site02"], engine={"name": "simulation", "sites": {
-            "site01": {"data_root": "/a", "state_dir": "/s"}, "site02": {"data_root": "/b", "state_dir": "/s"}}})
+        tiny_config(
+            sites=["site01", "site02"],
+            engine={
+                "name": "simulation",
+                "sites": {
+                    "site01": {"data_root": "/a", "state_dir": "/s"},
+                    "site02": {"data_root": "/b", "state_dir": "/s"},
+                },
+            },
+        )
     with pytest.raises(ValueError, match="engine.name: expected one of deployment, simulation"):
         tiny_config(engine={"name": "ray"})
     with pytest.raises(ValueError, match="engine.num_cpus: expected an integer >= 1"):
@@ -95,8 +112,13 @@ def test_federation_config_as_flower_reads_it():
     cfg = sim_config(6, num_cpus=2, num_gpus=0.25, ray_num_cpus=4)
     parsed = parse_config_args([federation_config(cfg)])  # what `flwr run --federation-config` does
     sim = simulation_config_from_json({k.replace("-", "_"): v for k, v in parsed.items()})
-    assert (sim.num_supernodes, sim.client_resources_num_cpus, sim.client_resources_num_gpus, sim.backend,
-            sim.init_args_num_cpus) == (6, 2, 0.25, "ray", 4)
+    assert (
+        sim.num_supernodes,
+        sim.client_resources_num_cpus,
+        sim.client_resources_num_gpus,
+        sim.backend,
+        sim.init_args_num_cpus,
+    ) == (6, 2, 0.25, "ray", 4)
     cfg = sim_config(2, ray_address="auto")
     assert "init-args-num-cpus" not in federation_config(cfg)  # a cluster is sized by `ray start`
 
@@ -104,21 +126,25 @@ def test_federation_config_as_flower_reads_it():
 def test_virtual_sites_filled_from_site_configs(tmp_path, tiny_site):
     from server.simulation import SimulationEngine
 
-    cfg = tiny_config(sites=["market1501", "dukemtmc"], superlink={"address": "0.0.0.0:19999"},
-                      engine={"name": "simulation", "sites": {
-                          "dukemtmc": {"data_root": str(tiny_site), "state_dir": str(tmp_path / "s" / "duke")}}})
+    cfg = tiny_config(
+        sites=["market1501", "dukemtmc"],
+        superlink={"address": "0.0.0.0:19999"},
+        engine={
+            "name": "simulation",
+            "sites": {"dukemtmc": {"data_root": str(tiny_site), "state_dir": str(tmp_path / "s" / "duke")}},
+        },
+    )
     # market1501 from conf/site/market1501.yaml (/data/market1501: absent here -> a clear error)
     with pytest.raises(SystemExit, match="virtual site 'market1501'"):
         SimulationEngine().prepare(cfg)
-    cfg.engine.sites["market1501"] = VirtualSiteConfig(
-        data_root=str(tiny_site), state_dir=str(tmp_path / "s" / "m"))
+    cfg.engine.sites["market1501"] = VirtualSiteConfig(data_root=str(tiny_site), state_dir=str(tmp_path / "s" / "m"))
     SimulationEngine().prepare(cfg)
     assert cfg.superlink.address == "127.0.0.1:19999" and cfg.superlink.insecure  # loopback Control API only
     assert (tmp_path / "s" / "duke").is_dir() and (tmp_path / "s" / "m").is_dir()
 
 
 def test_site_list_numbers_virtual_sites():
-    from server.sim import site_list
+    from server.launch import site_list
 
     assert site_list(["3"], "simulation") == ["site01", "site02", "site03"]
     assert site_list(["100"], "simulation", prefix="face")[-1] == "face100"
@@ -129,8 +155,10 @@ def test_site_list_numbers_virtual_sites():
 
 def test_kill_tagged_ends_only_the_runs_processes():
     tag = f"t{os.getpid()}x{time.monotonic_ns()}"
-    code = "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'], " \
-           "start_new_session=True); time.sleep(60)"
+    code = (
+        "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'], "
+        "start_new_session=True); time.sleep(60)"
+    )
     env = {**os.environ, processes.RUN_TAG_ENV: tag}
     tagged = subprocess.Popen([sys.executable, "-c", code], env=env, start_new_session=True)
     other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)

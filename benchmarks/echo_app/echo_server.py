@@ -21,9 +21,15 @@ from common.params import packed_nbytes
 class EchoStrategy(FedAvg):
     def __init__(self, cfg: ExperimentConfig, nbytes: int) -> None:
         rng = np.random.default_rng(cfg.seed)
-        super().__init__(fraction_fit=1.0, fraction_evaluate=0.0, min_fit_clients=1, min_evaluate_clients=0,
-                         min_available_clients=cfg.strategy.min_available_sites, accept_failures=True,
-                         initial_parameters=ndarrays_to_parameters([rng.integers(0, 256, nbytes, dtype=np.uint8)]))
+        super().__init__(
+            fraction_fit=1.0,
+            fraction_evaluate=0.0,
+            min_fit_clients=1,
+            min_evaluate_clients=0,
+            min_available_clients=cfg.strategy.min_available_sites,
+            accept_failures=True,
+            initial_parameters=ndarrays_to_parameters([rng.integers(0, 256, nbytes, dtype=np.uint8)]),
+        )
         self.cfg = cfg
         self.run_dir = Path(cfg.run_dir)
         self.t0 = time.time()
@@ -47,10 +53,18 @@ class EchoStrategy(FedAvg):
         fit_seconds = time.time() - self.started
         replies = [(str(r.metrics.get("site")), r) for _, r in results]
         arrays = [parameters_to_ndarrays(r.parameters)[0] for _, r in replies]
-        self.rows.append({"round": server_round, "elapsed_s": time.time() - self.t0, "fit_seconds": fit_seconds,
-                          "replied": len(replies), "failures": len(failures), "bytes_sent": self.sent,
-                          "bytes_received": sum(a.nbytes for a in arrays),
-                          "sites": {s: dict(r.metrics) for s, r in replies}})
+        self.rows.append(
+            {
+                "round": server_round,
+                "elapsed_s": time.time() - self.t0,
+                "fit_seconds": fit_seconds,
+                "replied": len(replies),
+                "failures": len(failures),
+                "bytes_sent": self.sent,
+                "bytes_received": sum(a.nbytes for a in arrays),
+                "sites": {s: dict(r.metrics) for s, r in replies},
+            }
+        )
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "metrics.json").write_text(json.dumps(self.rows, indent=1))
         if server_round >= self.cfg.rounds:
@@ -64,8 +78,10 @@ class EchoStrategy(FedAvg):
 def server_fn(context: Context) -> ServerAppComponents:
     cfg = ExperimentConfig.from_json(str(context.run_config["experiment-json"]))
     nbytes = packed_nbytes(expected_manifest(cfg))  # the project's packed message, byte for byte
-    return ServerAppComponents(strategy=EchoStrategy(cfg, nbytes),
-                               config=ServerConfig(num_rounds=cfg.rounds, round_timeout=cfg.round_timeout_s))
+    return ServerAppComponents(
+        strategy=EchoStrategy(cfg, nbytes),
+        config=ServerConfig(num_rounds=cfg.rounds, round_timeout=cfg.round_timeout_s),
+    )
 
 
 app = ServerApp(server_fn=server_fn)

@@ -45,14 +45,18 @@ class FedFRClient(NumPyClient):
         if settings.site not in cfg.sites:
             raise ValueError(f"site {settings.site!r} is not part of this run (configured sites: {cfg.sites})")
         if settings.reader != "face_site":
-            raise ValueError(f"site {settings.site}: FedFR reads a face_site folder (train/ and test/ identity "
-                             f"folders), but the site's reader is {settings.reader!r}; set reader: face_site")
+            raise ValueError(
+                f"site {settings.site}: FedFR reads a face_site folder (train/ and test/ identity "
+                f"folders), but the site's reader is {settings.reader!r}; set reader: face_site"
+            )
         self.device = resolve_device(settings.device)
         self.data = FaceSite(settings.data_root)
         root = public_root or self.f.public_root
         if not root:
-            raise ValueError(f"site {settings.site}: no public data; set fedfr.public_root (the same path on every "
-                             "site) or the site's public_root (fedclient --public-root)")
+            raise ValueError(
+                f"site {settings.site}: no public data; set fedfr.public_root (the same path on every "
+                "site) or the site's public_root (fedclient --public-root)"
+            )
         self.public = FaceFolder(root)
         self.manifest = expected_fedfr_manifest(self.f, self.public.num_identities)
         self.state_dir = Path(settings.state_dir or f"~/.fedreid/state/{settings.site}").expanduser()
@@ -82,9 +86,13 @@ class FedFRClient(NumPyClient):
             torch.set_num_threads(self.cfg.train.threads)
         seed_everything(stable_seed(self.cfg.seed, self.s.site, rnd))
         st = self._held.take(rnd) or load_fedfr_state(
-            self.state_dir, site=self.s.site, manifest_hash=self.manifest.hash,
-            public_hash=self.public.identity_hash(), num_local=self.data.num_identities,
-            before_round=rnd)  # a round replayed after a coordinator resume
+            self.state_dir,
+            site=self.s.site,
+            manifest_hash=self.manifest.hash,
+            public_hash=self.public.identity_hash(),
+            num_local=self.data.num_identities,
+            before_round=rnd,
+        )  # a round replayed after a coordinator resume
         model = self._model()
         prev_backbone = None
         if st is not None and st.model is not None:
@@ -110,8 +118,14 @@ class FedFRClient(NumPyClient):
         if self.f.hard_negatives and not select:  # "all": every public image, no selection
             hn = np.arange(len(self.public.records), dtype=np.int64)
         elif select:
-            hn = round_hard_negatives(global_backbone, self.public.records, local_feats, threshold=self.f.t_hn,
-                                      chunk_size=self.f.hn_chunk, **emb)
+            hn = round_hard_negatives(
+                global_backbone,
+                self.public.records,
+                local_feats,
+                threshold=self.f.t_hn,
+                chunk_size=self.f.hn_chunk,
+                **emb,
+            )
 
         lr = round_learning_rate(self.f.lr, self.f.lr_milestones, self.f.lr_gamma, rnd)
         opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=self.f.momentum, weight_decay=self.f.weight_decay)
@@ -124,30 +138,60 @@ class FedFRClient(NumPyClient):
         # the training draws start from the round's seed, whatever building the models drew before
         seed_everything(stable_seed(self.cfg.seed, self.s.site, rnd, "train"))
         stats = train_local(
-            model, global_backbone, prev_backbone, loader, opt, epochs=self.f.local_epochs,
-            device=self.device, s=self.f.s, m=self.f.m, tau=self.f.tau, bce_lambda=self.f.bce_lambda,
-            bce_r=self.f.bce_r, bce_m=self.f.bce_m, bce_t=self.f.bce_t, alpha=self.f.alpha,
-            use_public=self.f.hard_negatives, contrastive=self.f.contrastive, dfc=self.f.dfc,
+            model,
+            global_backbone,
+            prev_backbone,
+            loader,
+            opt,
+            epochs=self.f.local_epochs,
+            device=self.device,
+            s=self.f.s,
+            m=self.f.m,
+            tau=self.f.tau,
+            bce_lambda=self.f.bce_lambda,
+            bce_r=self.f.bce_r,
+            bce_m=self.f.bce_m,
+            bce_t=self.f.bce_t,
+            alpha=self.f.alpha,
+            use_public=self.f.hard_negatives,
+            contrastive=self.f.contrastive,
+            dfc=self.f.dfc,
             max_steps_per_epoch=self.f.max_steps_per_epoch,
         )
         model.cpu()
         stats["hard_negatives"] = float(hn.size)
         stats["lr"] = lr
         new = FedFRSiteState(
-            site=self.s.site, manifest_hash=self.manifest.hash, public_hash=self.public.identity_hash(),
-            num_local=self.data.num_identities, last_round=rnd, rounds_trained=(st.rounds_trained if st else 0) + 1,
-            model=copy.deepcopy(model.state_dict()), hard_negatives=hn,
+            site=self.s.site,
+            manifest_hash=self.manifest.hash,
+            public_hash=self.public.identity_hash(),
+            num_local=self.data.num_identities,
+            last_round=rnd,
+            rounds_trained=(st.rounds_trained if st else 0) + 1,
+            model=copy.deepcopy(model.state_dict()),
+            hard_negatives=hn,
             optimizer=copy.deepcopy(opt.state_dict()) if self.f.keep_optimizer_state else None,
             history=(st.history if st else []) + [{"round": rnd, **stats}],
         )
         self._held.keep(new, lambda: save_fedfr_state(self.state_dir, new))
         record_round(self.state_dir, rnd, self.cfg.rounds)  # fedclient's exit status (client/run_end.py)
         seconds = time.perf_counter() - t0
-        log.info("site %s round %d: %d own images + %d public hard negatives; %s (%.1fs)", self.s.site, rnd,
-                 len(self.data.train), hn.size, ", ".join(f"{k}={v:.4f}" for k, v in stats.items()), seconds)
+        log.info(
+            "site %s round %d: %d own images + %d public hard negatives; %s (%.1fs)",
+            self.s.site,
+            rnd,
+            len(self.data.train),
+            hn.size,
+            ", ".join(f"{k}={v:.4f}" for k, v in stats.items()),
+            seconds,
+        )
         own = len(self.data.train)  # N_i of Eq. (2)/(4): the site's own images only
-        metrics = {"site": self.s.site, "own_images": own, "train_seconds": seconds,
-                   **{k: float(v) for k, v in stats.items() if np.isfinite(v)}}
+        metrics = {
+            "site": self.s.site,
+            "own_images": own,
+            "train_seconds": seconds,
+            **{k: float(v) for k, v in stats.items() if np.isfinite(v)},
+        }
         return to_wire(self.manifest, get_shared(model, self.manifest)), own, metrics
 
     def _check(self, config) -> None:
@@ -171,5 +215,11 @@ class FedFRClient(NumPyClient):
         is_public = [False] * len(self.data.train) + [True] * len(hard_negatives)
         ds = FaceImages(records, face_transform(self.f.image_size, train=True, flip=self.f.flip), is_public)
         g = torch.Generator().manual_seed(stable_seed(self.cfg.seed, self.s.site, rnd, "loader"))
-        return DataLoader(ds, batch_size=self.f.batch_size, shuffle=True, generator=g,
-                          drop_last=len(ds) > self.f.batch_size, num_workers=self.cfg.train.num_workers)
+        return DataLoader(
+            ds,
+            batch_size=self.f.batch_size,
+            shuffle=True,
+            generator=g,
+            drop_last=len(ds) > self.f.batch_size,
+            num_workers=self.cfg.train.num_workers,
+        )

@@ -40,9 +40,15 @@ class FedFRSiteState:
     history: list[dict[str, float]] = field(default_factory=list)
 
 
-def load_fedfr_state(state_dir: str | Path, *, site: str | None = None, manifest_hash: str | None = None,
-                     public_hash: str | None = None, num_local: int | None = None,
-                     before_round: int | None = None) -> FedFRSiteState | None:
+def load_fedfr_state(
+    state_dir: str | Path,
+    *,
+    site: str | None = None,
+    manifest_hash: str | None = None,
+    public_hash: str | None = None,
+    num_local: int | None = None,
+    before_round: int | None = None,
+) -> FedFRSiteState | None:
     """The newest saved state (with ``last_round < before_round`` when given), or None on a first
     start; a state of another site/model/data is an error."""
     path = pick_versioned(Path(state_dir).expanduser(), before_round, STATE_FILE, PREV_FILE)
@@ -51,9 +57,12 @@ def load_fedfr_state(state_dir: str | Path, *, site: str | None = None, manifest
     st = FedFRSiteState(**torch_load(path))
     if st.hard_negatives is not None:  # stored as a tensor (common/checkpoint.py: no numpy in checkpoints)
         st.hard_negatives = np.asarray(st.hard_negatives)
-    for what, found, expected in (("site", st.site, site), ("model manifest", st.manifest_hash, manifest_hash),
-                                  ("public identities", st.public_hash, public_hash),
-                                  ("local identity count", st.num_local, num_local)):
+    for what, found, expected in (
+        ("site", st.site, site),
+        ("model manifest", st.manifest_hash, manifest_hash),
+        ("public identities", st.public_hash, public_hash),
+        ("local identity count", st.num_local, num_local),
+    ):
         if expected is not None and found != expected:
             raise RuntimeError(
                 f"FedFR site state {path} was written for {what} {found!r} but this run needs {expected!r}; "

@@ -30,9 +30,17 @@ from common.losses.margin_bce import margin_bce_loss
 from common.models.fedfr import FedFRModel
 
 
-def round_hard_negatives(global_backbone: nn.Module, public: Sequence[Record], local_features: np.ndarray, *,
-                         threshold: float, chunk_size: int, image_size: int, batch_size: int,
-                         device: torch.device) -> np.ndarray:
+def round_hard_negatives(
+    global_backbone: nn.Module,
+    public: Sequence[Record],
+    local_features: np.ndarray,
+    *,
+    threshold: float,
+    chunk_size: int,
+    image_size: int,
+    batch_size: int,
+    device: torch.device,
+) -> np.ndarray:
     """This round's D_HN: indices of the public images whose feature under the CURRENT global
     model has cosine > t_HN to any local image (features streamed; only chunk x N_local scores)."""
     feats = embed_chunks(global_backbone, public, image_size=image_size, batch_size=batch_size, device=device)
@@ -53,10 +61,26 @@ def imprint(features: np.ndarray, labels: np.ndarray, num_classes: int) -> torch
 
 
 def train_local(
-    model: FedFRModel, global_backbone: nn.Module, prev_backbone: nn.Module, loader: DataLoader,
-    optimizer: torch.optim.Optimizer, *, epochs: int, device: torch.device, s: float, m: float, tau: float,
-    bce_lambda: float, bce_r: float, bce_m: float, bce_t: float, alpha: Sequence[float],
-    use_public: bool = True, contrastive: bool = True, dfc: bool = True, max_steps_per_epoch: int = 0,
+    model: FedFRModel,
+    global_backbone: nn.Module,
+    prev_backbone: nn.Module,
+    loader: DataLoader,
+    optimizer: torch.optim.Optimizer,
+    *,
+    epochs: int,
+    device: torch.device,
+    s: float,
+    m: float,
+    tau: float,
+    bce_lambda: float,
+    bce_r: float,
+    bce_m: float,
+    bce_t: float,
+    alpha: Sequence[float],
+    use_public: bool = True,
+    contrastive: bool = True,
+    dfc: bool = True,
+    max_steps_per_epoch: int = 0,
 ) -> dict[str, float]:
     """E local epochs of the FedFR objective (module docstring). Returns mean losses per step.
 
@@ -91,8 +115,9 @@ def train_local(
                     con_first = l_con.item()
             if dfc and a3 > 0:
                 cos = model.dfc(f)  # (B, K_l)
-                l_bce = margin_bce_loss(cos, torch.where(pub, -1, y), model.dfc.bias, lam=bce_lambda, r=bce_r,
-                                        m=bce_m, t=bce_t)
+                l_bce = margin_bce_loss(
+                    cos, torch.where(pub, -1, y), model.dfc.bias, lam=bce_lambda, r=bce_r, m=bce_m, t=bce_t
+                )
                 loss = loss + a3 * l_bce
                 sums["bce"] += l_bce.item()
             optimizer.zero_grad(set_to_none=True)

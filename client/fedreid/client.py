@@ -90,8 +90,12 @@ class FedReIDClient(NumPyClient):
         seed_everything(stable_seed(self.cfg.seed, self.s.site, server_round))
         # the newest state from BEFORE this round: after a coordinator resume, round k+1 may be asked again
         st = self._held.take(server_round) or load_state(
-            self.state_dir, site=self.s.site, manifest_hash=self.manifest.hash, num_classes=self.num_classes,
-            before_round=server_round)
+            self.state_dir,
+            site=self.s.site,
+            manifest_hash=self.manifest.hash,
+            num_classes=self.num_classes,
+            before_round=server_round,
+        )
         model = model_for(self.cfg, self.num_classes)
         if st is not None and st.model is not None:
             model.load_state_dict(st.model)  # Eq. (7): own head (and own integer buffers)
@@ -107,15 +111,26 @@ class FedReIDClient(NumPyClient):
         # the training draws start from the round's seed, whatever building the models drew before
         seed_everything(stable_seed(self.cfg.seed, self.s.site, server_round, "train"))
         stats = train_round(
-            model, expert, loader, opt, eopt, unit=self.cfg.train.unit, iters=self.cfg.train.local_iters,
-            temperature=self.cfg.train.temperature, device=self.device,
-            max_steps_per_epoch=self.cfg.train.max_steps_per_epoch, label_offset=self._label_offset(config),
+            model,
+            expert,
+            loader,
+            opt,
+            eopt,
+            unit=self.cfg.train.unit,
+            iters=self.cfg.train.local_iters,
+            temperature=self.cfg.train.temperature,
+            device=self.device,
+            max_steps_per_epoch=self.cfg.train.max_steps_per_epoch,
+            label_offset=self._label_offset(config),
         )
         t_train = time.perf_counter()
         model.cpu()
         new = SiteState(
-            site=self.s.site, manifest_hash=self.manifest.hash, num_classes=self.num_classes,
-            last_round=server_round, rounds_trained=(st.rounds_trained if st else 0) + 1,
+            site=self.s.site,
+            manifest_hash=self.manifest.hash,
+            num_classes=self.num_classes,
+            last_round=server_round,
+            rounds_trained=(st.rounds_trained if st else 0) + 1,
             model=copy.deepcopy(model.state_dict()),
             optimizer=copy.deepcopy(opt.state_dict()) if self.cfg.train.keep_optimizer_state else None,
             history=(st.history if st else []) + [{"round": server_round, **stats}],
@@ -123,14 +138,22 @@ class FedReIDClient(NumPyClient):
         self._held.keep(new, lambda: save_state(self.state_dir, new))
         record_round(self.state_dir, server_round, self.cfg.rounds)  # fedclient's exit status (client/run_end.py)
         t_end = time.perf_counter()
-        timing = {"startup_seconds": startup, "load_seconds": t_load - t0, "train_seconds": t_train - t_load,
-                  "save_seconds": t_end - t_train,
-                  # the process's age at the reply (a per-message ClientApp: all of it; the forwarder
-                  # replaces it with its own in a site process, client/forward.py)
-                  "clientapp_seconds": process_age_s()}
-        log.info("site %s round %d: %s | %s", self.s.site, server_round,
-                 ", ".join(f"{k}={v:.4f}" for k, v in stats.items()),
-                 ", ".join(f"{k}={v:.1f}" for k, v in timing.items()))
+        timing = {
+            "startup_seconds": startup,
+            "load_seconds": t_load - t0,
+            "train_seconds": t_train - t_load,
+            "save_seconds": t_end - t_train,
+            # the process's age at the reply (a per-message ClientApp: all of it; the forwarder
+            # replaces it with its own in a site process, client/forward.py)
+            "clientapp_seconds": process_age_s(),
+        }
+        log.info(
+            "site %s round %d: %s | %s",
+            self.s.site,
+            server_round,
+            ", ".join(f"{k}={v:.4f}" for k, v in stats.items()),
+            ", ".join(f"{k}={v:.1f}" for k, v in timing.items()),
+        )
         metrics = {"site": self.s.site, **timing, **{k: float(v) for k, v in stats.items()}}
         update = get_shared(model, self.manifest)
         if self.fault is not None:
@@ -157,18 +180,27 @@ class FedReIDClient(NumPyClient):
             return 0
         offsets = json.loads(str(config.get("label_offsets", "{}")))
         if self.s.site not in offsets:
-            raise ValueError(f"site {self.s.site}: mode {self.cfg.strategy.mode} needs its label offset in the fit "
-                             f"config (label_offsets), found {sorted(offsets)}")
+            raise ValueError(
+                f"site {self.s.site}: mode {self.cfg.strategy.mode} needs its label offset in the fit "
+                f"config (label_offsets), found {sorted(offsets)}"
+            )
         offset = int(offsets[self.s.site])
         if offset + self.num_classes > self.cfg.strategy.fedavg_num_classes:
-            raise ValueError(f"site {self.s.site}: identities {offset}..{offset + self.num_classes - 1} do not fit "
-                             f"the common head of strategy.fedavg_num_classes={self.cfg.strategy.fedavg_num_classes}")
+            raise ValueError(
+                f"site {self.s.site}: identities {offset}..{offset + self.num_classes - 1} do not fit "
+                f"the common head of strategy.fedavg_num_classes={self.cfg.strategy.fedavg_num_classes}"
+            )
         return offset
 
     def _optimizers(self, model, expert, st, server_round):
         t = self.cfg.train
-        kw = {"lr_embedding": t.lr_embedding, "lr_head": t.lr_head, "momentum": t.momentum, "nesterov": t.nesterov,
-              "weight_decay": t.weight_decay}
+        kw = {
+            "lr_embedding": t.lr_embedding,
+            "lr_head": t.lr_head,
+            "momentum": t.momentum,
+            "nesterov": t.nesterov,
+            "weight_decay": t.weight_decay,
+        }
         opt = make_optimizer(model, **kw)
         eopt = make_optimizer(expert, **kw) if expert is not None else None
         # a fresh SGD every round (both papers' public codes); train.keep_optimizer_state: last round's momentum
@@ -189,6 +221,10 @@ class FedReIDClient(NumPyClient):
             )
         g = torch.Generator().manual_seed(stable_seed(self.cfg.seed, self.s.site, server_round, "loader"))
         return DataLoader(
-            ImageDataset(train, train_transform(m.height, m.width), views=2), batch_size=t.batch_size,
-            shuffle=True, drop_last=True, generator=g, num_workers=t.num_workers,
+            ImageDataset(train, train_transform(m.height, m.width), views=2),
+            batch_size=t.batch_size,
+            shuffle=True,
+            drop_last=True,
+            generator=g,
+            num_workers=t.num_workers,
         )

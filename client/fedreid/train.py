@@ -13,15 +13,18 @@ from torch.utils.data import DataLoader
 from common.losses.kd import expert_kd_loss
 
 
-def make_optimizer(model: nn.Module, *, lr_embedding: float, lr_head: float, momentum: float,
-                   nesterov: bool, weight_decay: float) -> torch.optim.SGD:
+def make_optimizer(
+    model: nn.Module, *, lr_embedding: float, lr_head: float, momentum: float, nesterov: bool, weight_decay: float
+) -> torch.optim.SGD:
     """SGD with two parameter groups: the embedding (lr 0.01) and the mapping head (lr 0.1)."""
     return torch.optim.SGD(
         [
             {"params": model.embedding.parameters(), "lr": lr_embedding, "base_lr": lr_embedding},
             {"params": model.head.parameters(), "lr": lr_head, "base_lr": lr_head},
         ],
-        momentum=momentum, nesterov=nesterov, weight_decay=weight_decay,
+        momentum=momentum,
+        nesterov=nesterov,
+        weight_decay=weight_decay,
     )
 
 

@@ -52,24 +52,31 @@ class EngineConfig:
             raise bad("name", f"one of {', '.join(ENGINES)}", self.name)
         if not isinstance(self.num_cpus, int) or self.num_cpus < 1:
             raise bad("num_cpus", "an integer >= 1 (CPU threads per virtual site)", self.num_cpus)
-        if not 0.0 <= float(self.num_gpus):
+        if not float(self.num_gpus) >= 0.0:
             raise bad("num_gpus", "a GPU fraction >= 0 (0.5 = two virtual sites per GPU)", self.num_gpus)
         if self.ray_num_cpus < 0:
             raise bad("ray_num_cpus", ">= 0 (0 = all CPUs)", self.ray_num_cpus)
         if not 0.0 <= self.object_store_fraction < 1.0:
-            raise bad("object_store_fraction", "a share of memory in [0, 1) (0 = Ray's default)",
-                      self.object_store_fraction)
+            raise bad(
+                "object_store_fraction", "a share of memory in [0, 1) (0 = Ray's default)", self.object_store_fraction
+            )
         if self.ray_address and (self.ray_num_cpus or self.object_store_fraction):
-            raise bad("ray_num_cpus/object_store_fraction", "0 when joining a Ray cluster (engine.ray_address; "
-                      "size the cluster with `ray start`)", (self.ray_num_cpus, self.object_store_fraction))
+            raise bad(
+                "ray_num_cpus/object_store_fraction",
+                "0 when joining a Ray cluster (engine.ray_address; size the cluster with `ray start`)",
+                (self.ray_num_cpus, self.object_store_fraction),
+            )
         extra = sorted(set(self.sites) - set(site_names))
         if extra:
             raise bad("sites", f"settings only for sites of the run {site_names}", extra)
         seen: dict[str, str] = {}  # nothing a site keeps private is shared: one state folder per site
         for site, vs in self.sites.items():
             if vs.state_dir and vs.state_dir in seen:
-                raise bad(f"sites.{site}.state_dir", f"a folder of its own (site {seen[vs.state_dir]!r} uses it)",
-                          vs.state_dir)
+                raise bad(
+                    f"sites.{site}.state_dir",
+                    f"a folder of its own (site {seen[vs.state_dir]!r} uses it)",
+                    vs.state_dir,
+                )
             seen[vs.state_dir] = site
 
 

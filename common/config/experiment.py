@@ -27,8 +27,10 @@ SAMPLINGS = ("paper", "public")  # strategy.sampling (issue 11, item 4)
 def check_site_name(site: str) -> str:
     """``site`` unchanged, or ValueError: site names become file names (conf/site/<site>.yaml, state folders)."""
     if not isinstance(site, str) or not SITE_NAME.fullmatch(site):
-        raise ValueError(f"site name {site!r}: expected letters, digits, '_', '-', '.' (at most 64, not starting "
-                         "with '.' or '-', no '/')")
+        raise ValueError(
+            f"site name {site!r}: expected letters, digits, '_', '-', '.' (at most 64, not starting "
+            "with '.' or '-', no '/')"
+        )
     return site
 
 
@@ -223,8 +225,11 @@ class ExperimentConfig:
 
         self.model.pretrained = normalize_pretrained(self.model.pretrained)  # older run folders: null = none
         if self.model.pretrained.lower() == "torchvision":
-            raise bad("model.pretrained", "imagenet (torchvision's weights API), none or a path to a .pth file",
-                      self.model.pretrained)
+            raise bad(
+                "model.pretrained",
+                "imagenet (torchvision's weights API), none or a path to a .pth file",
+                self.model.pretrained,
+            )
         if self.task not in ("fedreid", "fedfr"):
             raise bad("task", "fedreid or fedfr", self.task)
         if self.task == "fedfr":
@@ -235,8 +240,11 @@ class ExperimentConfig:
         if self.strategy.mode not in MODES:
             raise bad("strategy.mode", f"one of {', '.join(MODES)}", self.strategy.mode)
         if MODES[self.strategy.mode].common_head and self.strategy.fedavg_num_classes < 1:
-            raise bad("strategy.fedavg_num_classes", ">= 1 in fedavg mode (one head size for all sites)",
-                      self.strategy.fedavg_num_classes)
+            raise bad(
+                "strategy.fedavg_num_classes",
+                ">= 1 in fedavg mode (one head size for all sites)",
+                self.strategy.fedavg_num_classes,
+            )
         if not 0.0 <= self.privacy.beta <= 1.0:
             raise bad("privacy.beta", "beta in [0, 1]", self.privacy.beta)
         if self.train.unit not in ("epoch", "step"):
@@ -266,21 +274,25 @@ class ExperimentConfig:
         if not 0.0 <= st.trim_fraction < 0.5:
             raise bad("strategy.trim_fraction", "a fraction in [0, 0.5)", st.trim_fraction)
         if not st.norm_bound >= 0:
-            raise bad("strategy.norm_bound", "a multiple >= 0 of the round's median update norm (0 = off)",
-                      st.norm_bound)
+            raise bad(
+                "strategy.norm_bound", "a multiple >= 0 of the round's median update norm (0 = off)", st.norm_bound
+            )
         if st.norm_action not in ("clip", "reject"):
             raise bad("strategy.norm_action", "clip or reject", st.norm_action)
         if not st.weight_cap >= 0:
             raise bad("strategy.weight_cap", "a multiple >= 0 of the median weight (0 = no cap)", st.weight_cap)
         if st.site_images:
-            wrong = {s: n for s, n in st.site_images.items()
-                     if isinstance(n, bool) or not isinstance(n, int) or n < 1}
+            wrong = {s: n for s, n in st.site_images.items() if isinstance(n, bool) or not isinstance(n, int) or n < 1}
             if wrong or sorted(st.site_images) != sorted(self.sites):
-                raise bad("strategy.site_images", f"a positive image count for each of the sites {self.sites}",
-                          st.site_images)
+                raise bad(
+                    "strategy.site_images", f"a positive image count for each of the sites {self.sites}", st.site_images
+                )
         if not 1 <= self.strategy.min_available_sites <= len(self.sites):
-            raise bad("strategy.min_available_sites", f"1..{len(self.sites)} (the number of sites)",
-                      self.strategy.min_available_sites)
+            raise bad(
+                "strategy.min_available_sites",
+                f"1..{len(self.sites)} (the number of sites)",
+                self.strategy.min_available_sites,
+            )
         if not 1 <= self.strategy.min_fit_sites <= self.sites_per_round:
             raise bad("strategy.min_fit_sites", f"1..ceil(S*N)={self.sites_per_round}", self.strategy.min_fit_sites)
 
@@ -314,6 +326,17 @@ def _build(cls: type, d: dict[str, Any] | None, prefix: str) -> Any:
 
 
 def _dataclass_of(t: Any) -> type | None:
-    names = {c.__name__: c for c in (ModelConfig, TrainConfig, StrategyConfig, PrivacyConfig, EvalConfig, SuperLinkConfig,
-                                     FedFRConfig, EngineConfig)}
+    names = {
+        c.__name__: c
+        for c in (
+            ModelConfig,
+            TrainConfig,
+            StrategyConfig,
+            PrivacyConfig,
+            EvalConfig,
+            SuperLinkConfig,
+            FedFRConfig,
+            EngineConfig,
+        )
+    }
     return names.get(t if isinstance(t, str) else getattr(t, "__name__", ""))

@@ -47,14 +47,18 @@ def serverapp_config(run_config: Mapping[str, Any], environ: Mapping[str, str] =
     """The ServerApp's experiment: the file named by ``FEDREID_SERVERAPP_CONFIG``, checked against the run."""
     path = environ.get(ENV, "")
     if not path:
-        raise RuntimeError(f"the ServerApp was started without {ENV}: start runs with `fedserver`, which writes "
-                           f"RUN_DIR/{FILE} and passes it to the SuperLink")
+        raise RuntimeError(
+            f"the ServerApp was started without {ENV}: start runs with `fedserver`, which writes "
+            f"RUN_DIR/{FILE} and passes it to the SuperLink"
+        )
     try:
         cfg = ExperimentConfig.from_dict(json.loads(Path(path).read_text()))
     except OSError as e:
         raise RuntimeError(f"{ENV}={path}: cannot read the coordinator's config ({e})") from None
     carried = json.loads(str(run_config.get(RUN_CONFIG_KEY, "{}")))
     if json.loads(json.dumps(cfg.site_view())) != carried:
-        raise ValueError(f"the run's config is not the site view of {path}: was this run submitted by another "
-                         "`flwr run` than fedserver's? Start runs with `fedserver`")
+        raise ValueError(
+            f"the run's config is not the site view of {path}: was this run submitted by another "
+            "`flwr run` than fedserver's? Start runs with `fedserver`"
+        )
     return cfg

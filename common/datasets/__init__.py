@@ -48,9 +48,7 @@ def build_reader(name: str, root: str | Path, **kwargs: Any):
     try:
         cls = READERS[name]
     except KeyError:
-        raise ValueError(
-            f"unknown dataset reader {name!r}; valid names: {sorted(READERS)}"
-        ) from None
+        raise ValueError(f"unknown dataset reader {name!r}; valid names: {sorted(READERS)}") from None
     return cls(root, **kwargs)
 
 

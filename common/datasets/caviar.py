@@ -26,21 +26,15 @@ class CAVIAR(SmallSetReader):
     expected = "<root>/CAVIARa/PPPPSSS.jpg (person PPPP, image SSS)"
 
     def _scan(self, base: Path) -> list[Record]:
-        if not base.is_dir() or not any(
-            p.suffix.lower() in (".jpg", ".jpeg") for p in base.iterdir()
-        ):
+        if not base.is_dir() or not any(p.suffix.lower() in (".jpg", ".jpeg") for p in base.iterdir()):
             where = base if base.name == "CAVIARa" else base / "CAVIARa"
-            raise DatasetLayoutError(
-                self.name, self.expected, where, "missing folder or no .jpg in it"
-            )
+            raise DatasetLayoutError(self.name, self.expected, where, "missing folder or no .jpg in it")
         out: list[Record] = []
         for p in sorted(base.iterdir()):
             if p.suffix.lower() not in (".jpg", ".jpeg"):
                 continue
             m = _NAME.match(p.name)
             if m is None:
-                raise DatasetLayoutError(
-                    self.name, self.expected, p, "file name is not PPPPSSS.jpg"
-                )
+                raise DatasetLayoutError(self.name, self.expected, p, "file name is not PPPPSSS.jpg")
             out.append(Record(str(p), int(m.group(1)), int(m.group(2)) - 1))
         return out

@@ -70,19 +70,36 @@ def _empty_market(root: Path) -> Path:
     return base
 
 
-def write_class_world(out: str | Path, world: ClassWorld, train: tuple[np.ndarray, np.ndarray],
-                      test: tuple[np.ndarray, np.ndarray], *, site_names: list[str], per_class: int,
-                      queries_per_class: int, gallery_per_class: int, seed: int,
-                      target_name: str = "held_out") -> dict[str, Path]:
+def write_class_world(
+    out: str | Path,
+    world: ClassWorld,
+    train: tuple[np.ndarray, np.ndarray],
+    test: tuple[np.ndarray, np.ndarray],
+    *,
+    site_names: list[str],
+    per_class: int,
+    queries_per_class: int,
+    gallery_per_class: int,
+    seed: int,
+    target_name: str = "held_out",
+) -> dict[str, Path]:
     """Write every site's training folder and the held-out target; returns name -> dataset root.
 
     ``per_class`` training images per class and site (disjoint images between sites in every
     split). Skipped when ``out/world.json`` already records the same world and sizes.
     """
     out = Path(out)
-    record = {"world": world.to_dict(), "sites": site_names, "per_class": per_class,
-              "queries_per_class": queries_per_class, "gallery_per_class": gallery_per_class, "seed": seed,
-              "target": target_name, "train_images": len(train[1]), "test_images": len(test[1])}
+    record = {
+        "world": world.to_dict(),
+        "sites": site_names,
+        "per_class": per_class,
+        "queries_per_class": queries_per_class,
+        "gallery_per_class": gallery_per_class,
+        "seed": seed,
+        "target": target_name,
+        "train_images": len(train[1]),
+        "test_images": len(test[1]),
+    }
     record = json.loads(json.dumps(record))  # tuples as lists, as the marker file holds them
     roots = {name: out / name for name in [*site_names, target_name]}
     marker = out / "world.json"
@@ -97,7 +114,7 @@ def write_class_world(out: str | Path, world: ClassWorld, train: tuple[np.ndarra
     for name, classes in zip(site_names, world.site_classes, strict=True):
         base = _empty_market(roots[name])
         for k, c in enumerate(classes):
-            take = by_class[c][used[c]: used[c] + per_class]
+            take = by_class[c][used[c] : used[c] + per_class]
             if len(take) < per_class:
                 raise ValueError(f"class {c}: {len(by_class[c])} training images, not enough for {per_class} per site")
             used[c] += per_class
@@ -110,11 +127,18 @@ def write_class_world(out: str | Path, world: ClassWorld, train: tuple[np.ndarra
     for c in world.held_out:
         idx = rng.permutation(np.flatnonzero(t_labels == c))
         if len(idx) < queries_per_class + gallery_per_class:
-            raise ValueError(f"held-out class {c}: {len(idx)} test images, fewer than "
-                             f"{queries_per_class} queries + {gallery_per_class} gallery")
+            raise ValueError(
+                f"held-out class {c}: {len(idx)} test images, fewer than "
+                f"{queries_per_class} queries + {gallery_per_class} gallery"
+            )
         _write(base / "query", t_images, t_labels, idx[:queries_per_class], cam=1)
-        _write(base / "bounding_box_test", t_images, t_labels,
-               idx[queries_per_class: queries_per_class + gallery_per_class], cam=2)
+        _write(
+            base / "bounding_box_test",
+            t_images,
+            t_labels,
+            idx[queries_per_class : queries_per_class + gallery_per_class],
+            cam=2,
+        )
     marker.write_text(json.dumps(record, indent=1))
     return roots
 

@@ -163,9 +163,7 @@ class CUHK03(DatasetReader):
         raw = base / "cuhk03_release" / "cuhk-03.mat"
         img_dir = images_dir(base, kind, raw)
         if protocol == "new":
-            cfg = require_file(
-                self.name, self.expected, base / f"cuhk03_new_protocol_config_{kind}.mat"
-            )
+            cfg = require_file(self.name, self.expected, base / f"cuhk03_new_protocol_config_{kind}.mat")
             if not img_dir.is_dir():
                 extract_images(require_file(self.name, self.expected, raw), kind, img_dir)
             train, query, gallery = self._new_protocol(cfg, img_dir)
@@ -194,18 +192,14 @@ class CUHK03(DatasetReader):
             )
         path = img_dir / name
         if not path.is_file():
-            raise DatasetLayoutError(
-                self.name, self.expected, path, f"missing image (listed in {where})"
-            )
+            raise DatasetLayoutError(self.name, self.expected, path, f"missing image (listed in {where})")
         return Record(str(path), pid, int(m.group(3)) - 1)
 
     def _new_protocol(self, cfg_path: Path, img_dir: Path) -> tuple[list[Record], ...]:
         try:
             cfg = loadmat(cfg_path)
         except (ValueError, NotImplementedError, OSError) as e:
-            raise DatasetLayoutError(
-                self.name, self.expected, cfg_path, f"unreadable .mat ({e})"
-            ) from None
+            raise DatasetLayoutError(self.name, self.expected, cfg_path, f"unreadable .mat ({e})") from None
         keys = ("filelist", "labels", "train_idx", "query_idx", "gallery_idx")
         for key in keys:
             if key not in cfg:
@@ -213,16 +207,12 @@ class CUHK03(DatasetReader):
         files = [_mat_str(x) for x in cfg["filelist"].ravel()]
         labels = np.asarray(cfg["labels"]).ravel().astype(int)
         if len(labels) != len(files):
-            raise DatasetLayoutError(
-                self.name, self.expected, cfg_path, "labels and filelist differ in length"
-            )
+            raise DatasetLayoutError(self.name, self.expected, cfg_path, "labels and filelist differ in length")
         out = []
         for key in keys[2:]:
             idx = np.asarray(cfg[key]).ravel().astype(int) - 1  # MATLAB indices are 1-based
             if idx.size and (idx.min() < 0 or idx.max() >= len(files)):
-                raise DatasetLayoutError(
-                    self.name, self.expected, cfg_path, f"{key} outside 1..{len(files)}"
-                )
+                raise DatasetLayoutError(self.name, self.expected, cfg_path, f"{key} outside 1..{len(files)}")
             out.append([self._record(img_dir, files[i], int(labels[i]), cfg_path) for i in idx])
         return tuple(out)
 
@@ -231,12 +221,8 @@ class CUHK03(DatasetReader):
         for p in sorted(img_dir.iterdir()):
             m = _NAME.match(p.name)
             if m is None:
-                raise DatasetLayoutError(
-                    self.name, self.expected, p, "name is not <pair>_<pid>_<view>_<n>.png"
-                )
-            persons[(int(m.group(1)), int(m.group(2)))].append(
-                Record(str(p), -1, int(m.group(3)) - 1)
-            )
+                raise DatasetLayoutError(self.name, self.expected, p, "name is not <pair>_<pid>_<view>_<n>.png")
+            persons[(int(m.group(1)), int(m.group(2)))].append(Record(str(p), -1, int(m.group(3)) - 1))
         testsets = raw_testsets(raw)
         if not 0 <= split_id < len(testsets):
             raise ValueError(f"cuhk03: split_id {split_id} out of range 0..{len(testsets) - 1}")

@@ -100,9 +100,7 @@ class CUHKSYSU(DatasetReader):
         boxes = self._train_boxes(train_mat) + self._test_boxes(test_mat)
         for _, _, scene, _, where in boxes:
             if scene not in known:
-                raise DatasetLayoutError(
-                    self.name, self.expected, where, f"scene {scene} not in {images_mat}"
-                )
+                raise DatasetLayoutError(self.name, self.expected, where, f"scene {scene} not in {images_mat}")
         self.crop_dir = Path(crop_dir) if crop_dir is not None else base / "cropped"
         lists, self.corrupt_files = self._crop_all(boxes, skip_corrupt)
         (train, query, gallery), bad_crops = screen_images(
@@ -115,9 +113,7 @@ class CUHKSYSU(DatasetReader):
         try:
             return _items(loadmat(path, variable_names=[var])[var])
         except (KeyError, ValueError, NotImplementedError, OSError) as e:
-            raise DatasetLayoutError(
-                self.name, self.expected, path, f"cannot read variable {var!r} ({e})"
-            ) from None
+            raise DatasetLayoutError(self.name, self.expected, path, f"cannot read variable {var!r} ({e})") from None
 
     def _train_boxes(self, path: Path) -> list[Box]:
         out: list[Box] = []
@@ -136,9 +132,7 @@ class CUHKSYSU(DatasetReader):
                             )
                         )
         except (KeyError, ValueError, IndexError) as e:
-            raise DatasetLayoutError(
-                self.name, self.expected, path, f"unexpected Train structure ({e})"
-            ) from None
+            raise DatasetLayoutError(self.name, self.expected, path, f"unexpected Train structure ({e})") from None
         return out
 
     def _test_boxes(self, path: Path) -> list[Box]:
@@ -164,14 +158,10 @@ class CUHKSYSU(DatasetReader):
                             )
                         )
         except (KeyError, ValueError, IndexError) as e:
-            raise DatasetLayoutError(
-                self.name, self.expected, path, f"unexpected TestG50 structure ({e})"
-            ) from None
+            raise DatasetLayoutError(self.name, self.expected, path, f"unexpected TestG50 structure ({e})") from None
         return out
 
-    def _crop_all(
-        self, boxes: list[Box], skip_corrupt: bool
-    ) -> tuple[list[list[Record]], list[str]]:
+    def _crop_all(self, boxes: list[Box], skip_corrupt: bool) -> tuple[list[list[Record]], list[str]]:
         """Crop every box (reusing cached crops); returns [train, query, gallery] and bad scenes."""
         by_scene: dict[str, list[Box]] = defaultdict(list)
         for b in boxes:
@@ -206,9 +196,7 @@ class CUHKSYSU(DatasetReader):
         lists: dict[str, dict[str, Record]] = {"train": {}, "query": {}, "gallery": {}}
         for b in boxes:  # annotation order; a box listed twice is kept once
             if b in done:
-                lists[b[0]].setdefault(
-                    done[b], Record(done[b], b[1], 1 if b[0] == "gallery" else 0)
-                )
+                lists[b[0]].setdefault(done[b], Record(done[b], b[1], 1 if b[0] == "gallery" else 0))
         return [list(lists[s].values()) for s in ("train", "query", "gallery")], bad
 
     def _crop_path(self, b: Box) -> Path:
@@ -219,9 +207,7 @@ class CUHKSYSU(DatasetReader):
         x, y, w, h = b[3]
         x0, y0, x1, y1 = max(0, x), max(0, y), min(img.width, x + w), min(img.height, y + h)
         if x1 <= x0 or y1 <= y0:
-            raise DatasetLayoutError(
-                self.name, self.expected, b[4], f"box {b[3]} outside the {img.size} scene"
-            )
+            raise DatasetLayoutError(self.name, self.expected, b[4], f"box {b[3]} outside the {img.size} scene")
         tmp = path.with_name(path.name + ".tmp")
         img.crop((x0, y0, x1, y1)).save(tmp, format="JPEG", quality=95)
         tmp.replace(path)

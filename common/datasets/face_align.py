@@ -47,6 +47,5 @@ def align_face(image: np.ndarray, landmarks: np.ndarray, size: int = TEMPLATE_SI
         raise ValueError(f"expected an (H, W[, C]) uint8 image, found shape {image.shape} dtype {image.dtype}")
     tf = alignment_transform(landmarks, size)
     # warp reads, for every output pixel, the input at inverse_map(output (x, y))
-    out = warp(image, tf.inverse, output_shape=(size, size), order=1, mode="constant", cval=0.0,
-               preserve_range=True)
+    out = warp(image, tf.inverse, output_shape=(size, size), order=1, mode="constant", cval=0.0, preserve_range=True)
     return np.clip(np.rint(out), 0, 255).astype(np.uint8)

@@ -21,7 +21,9 @@ from common.datasets.base import DatasetLayoutError, Record
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp")
 FOLDER_LAYOUT = "<root>/<identity>/<image>.jpg|png|bmp (one sub-folder per identity)"
-SITE_LAYOUT = "<root>/train/<identity>/<image> and <root>/test/<identity>/<image> (python -m common.datasets.face_split)"
+SITE_LAYOUT = (
+    "<root>/train/<identity>/<image> and <root>/test/<identity>/<image> (python -m common.datasets.face_split)"
+)
 
 
 class FaceFolder:
@@ -72,8 +74,9 @@ class FaceSite:
         index = {n: i for i, n in enumerate(self.train_set.names)}
         unknown = [n for n in test.names if n not in index]
         if unknown:
-            raise DatasetLayoutError(self.name, SITE_LAYOUT, self.root / "test" / unknown[0],
-                                     "test identity without train images")
+            raise DatasetLayoutError(
+                self.name, SITE_LAYOUT, self.root / "test" / unknown[0], "test identity without train images"
+            )
         self.names = self.train_set.names
         self.train = self.train_set.records
         self.test = [Record(r.path, index[test.names[r.pid]], 0) for r in test.records]
@@ -83,8 +86,10 @@ class FaceSite:
         return len(self.names)
 
     def summary(self) -> str:
-        return (f"{self.root.name}: {self.num_identities} identities, train {len(self.train)} images, "
-                f"test {len(self.test)} images")
+        return (
+            f"{self.root.name}: {self.num_identities} identities, train {len(self.train)} images, "
+            f"test {len(self.test)} images"
+        )
 
 
 FACE_READERS: dict[str, type] = {"face_folder": FaceFolder, "face_site": FaceSite}

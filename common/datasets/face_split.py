@@ -44,15 +44,28 @@ class SplitPlan:
         return {
             "public_identities": len(self.public),
             "public_images": sum(len(v) for v in self.public.values()),
-            "sites": {s: {"identities": len(ids), "train_images": sum(len(t) for t, _ in ids.values()),
-                          "test_images": sum(len(t) for _, t in ids.values())} for s, ids in self.sites.items()},
+            "sites": {
+                s: {
+                    "identities": len(ids),
+                    "train_images": sum(len(t) for t, _ in ids.values()),
+                    "test_images": sum(len(t) for _, t in ids.values()),
+                }
+                for s, ids in self.sites.items()
+            },
             "skipped_identities": len(self.skipped),
         }
 
 
 def plan_split(
-    identities: dict[str, list[str]], *, num_public: int, num_clients: int, ids_per_client: int = 0,
-    train_per_id: int = 60, test_per_id: int = 40, public_images: int = 0, seed: int = 0,
+    identities: dict[str, list[str]],
+    *,
+    num_public: int,
+    num_clients: int,
+    ids_per_client: int = 0,
+    train_per_id: int = 60,
+    test_per_id: int = 40,
+    public_images: int = 0,
+    seed: int = 0,
     site_prefix: str = "face",
 ) -> SplitPlan:
     """The split of ``identities`` (name -> image paths); raises when the counts cannot be met."""
@@ -81,7 +94,7 @@ def plan_split(
     for c in range(num_clients):
         site = f"{site_prefix}{c + 1}"
         plan.sites[site] = {}
-        for n in pool[c * k:(c + 1) * k]:
+        for n in pool[c * k : (c + 1) * k]:
             imgs = _shuffled(sorted(identities[n]), seed, n)
             plan.sites[site][n] = (sorted(imgs[:train_per_id]), sorted(imgs[train_per_id:need]))
     used = set(plan.public) | {n for ids in plan.sites.values() for n in ids}
@@ -131,8 +144,10 @@ def write_site_configs(plan: SplitPlan, out: str | Path, conf_site_dir: str | Pa
     for site in plan.sites:
         p = conf_site_dir / f"{site}.yaml"
         root = (Path(out) / "clients" / site).resolve()
-        p.write_text(f"# FedFR site {site} (written by common.datasets.face_split)\nname: {site}\n"
-                     f"reader: face_site\ndata_root: {root}\nstate_dir: ~/.fedreid/state/{site}\n")
+        p.write_text(
+            f"# FedFR site {site} (written by common.datasets.face_split)\nname: {site}\n"
+            f"reader: face_site\ndata_root: {root}\nstate_dir: ~/.fedreid/state/{site}\n"
+        )
         paths.append(p)
     return paths
 
@@ -146,12 +161,19 @@ def read_identities(src: str | Path) -> dict[str, list[str]]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m common.datasets.face_split", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m common.datasets.face_split",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("src", help="identity-folder dataset (one sub-folder per identity)")
     p.add_argument("out", help="output folder (public/, clients/<site>/{train,test}/, split.json)")
-    p.add_argument("--public", type=int, required=True,
-                   help="K_g: public identities (paper: 6000; 0 = clients only, public data from elsewhere)")
+    p.add_argument(
+        "--public",
+        type=int,
+        required=True,
+        help="K_g: public identities (paper: 6000; 0 = clients only, public data from elsewhere)",
+    )
     p.add_argument("--clients", type=int, required=True, help="C: client sites (paper ablation: 40)")
     p.add_argument("--ids-per-client", type=int, default=0, help="identities per client (0: spread the rest equally)")
     p.add_argument("--train", type=int, default=60, help="train images per client identity (default %(default)s)")
@@ -162,16 +184,26 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--site-conf", help="also write <DIR>/<site>.yaml for each client (e.g. conf/site)")
     p.add_argument("--copy", action="store_true", help="copy files instead of hard-linking them")
     a = p.parse_args(argv)
-    plan = plan_split(read_identities(a.src), num_public=a.public, num_clients=a.clients,
-                      ids_per_client=a.ids_per_client, train_per_id=a.train, test_per_id=a.test,
-                      public_images=a.public_images, seed=a.seed, site_prefix=a.site_prefix)
+    plan = plan_split(
+        read_identities(a.src),
+        num_public=a.public,
+        num_clients=a.clients,
+        ids_per_client=a.ids_per_client,
+        train_per_id=a.train,
+        test_per_id=a.test,
+        public_images=a.public_images,
+        seed=a.seed,
+        site_prefix=a.site_prefix,
+    )
     path = write_split(plan, a.out, copy=a.copy)
     if a.site_conf:
         write_site_configs(plan, a.out, a.site_conf)
     c = plan.counts()
-    print(f"face_split: {c['public_identities']} public identities ({c['public_images']} images), "
-          f"{len(c['sites'])} clients x {a.ids_per_client or 'equal share'} identities, "
-          f"{c['skipped_identities']} identities unused; {path}")
+    print(
+        f"face_split: {c['public_identities']} public identities ({c['public_images']} images), "
+        f"{len(c['sites'])} clients x {a.ids_per_client or 'equal share'} identities, "
+        f"{c['skipped_identities']} identities unused; {path}"
+    )
 
 
 if __name__ == "__main__":

@@ -53,9 +53,7 @@ class GRID(DatasetReader):
         self.root = base
         probe = self._scan(require_dir(self.name, self.expected, base / "probe"))
         gallery = self._scan(require_dir(self.name, self.expected, base / "gallery"))
-        self.train_ids = self._partitions(
-            require_file(self.name, self.expected, base / "features_and_partitions.mat")
-        )
+        self.train_ids = self._partitions(require_file(self.name, self.expected, base / "features_and_partitions.mat"))
         self.num_splits = len(self.train_ids)
         if not 0 <= split_id < self.num_splits:
             raise ValueError(f"grid: split_id {split_id} out of range 0..{self.num_splits - 1}")
@@ -72,11 +70,7 @@ class GRID(DatasetReader):
     def split(self, split_id: int) -> ReIDSplits:
         """Official split ``split_id``: train relabelled in trainIdxAll order, test pids kept."""
         label = {idx: i for i, idx in enumerate(self.train_ids[split_id])}
-        train = [
-            Record(r.path, label[r.pid], r.camid)
-            for r in self._probe + self._gallery
-            if r.pid in label
-        ]
+        train = [Record(r.path, label[r.pid], r.camid) for r in self._probe + self._gallery if r.pid in label]
         return ReIDSplits(
             f"{self.name}/{split_id}",
             train=train,
@@ -91,14 +85,10 @@ class GRID(DatasetReader):
                 continue
             m = _NAME.match(p.name)
             if m is None:
-                raise DatasetLayoutError(
-                    self.name, self.expected, p, "file name is not IIII_C_*.jpeg"
-                )
+                raise DatasetLayoutError(self.name, self.expected, p, "file name is not IIII_C_*.jpeg")
             cam = int(m.group(2))
             if not 1 <= cam <= NUM_CAMS:
-                raise DatasetLayoutError(
-                    self.name, self.expected, p, f"camera {cam} outside 1..{NUM_CAMS}"
-                )
+                raise DatasetLayoutError(self.name, self.expected, p, f"camera {cam} outside 1..{NUM_CAMS}")
             out.append(Record(str(p), int(m.group(1)), cam - 1))
         if not out:
             raise DatasetLayoutError(self.name, self.expected, folder, "no .jpeg images")

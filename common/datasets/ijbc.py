@@ -22,9 +22,11 @@ from pathlib import Path
 import numpy as np
 
 LANDMARKS_FILE = "ijbc_name_5pts_score.txt"
-IJBC_LAYOUT = ("<root>/loose_crop/<image>, <root>/meta/ijbc_face_tid_mid.txt, ijbc_template_pair_label.txt, "
-               "ijbc_1N_gallery_G1.csv, ijbc_1N_gallery_G2.csv, ijbc_1N_probe_mixed.csv "
-               f"[, {LANDMARKS_FILE}]")
+IJBC_LAYOUT = (
+    "<root>/loose_crop/<image>, <root>/meta/ijbc_face_tid_mid.txt, ijbc_template_pair_label.txt, "
+    "ijbc_1N_gallery_G1.csv, ijbc_1N_gallery_G2.csv, ijbc_1N_probe_mixed.csv "
+    f"[, {LANDMARKS_FILE}]"
+)
 
 
 @dataclass
@@ -62,12 +64,16 @@ def read_ijbc_meta(root: str | Path) -> IJBCMeta:
     def tmpl_subject(name: str) -> np.ndarray:
         with open(need(meta / name), newline="") as f:
             rows = list(csv.reader(f))[1:]  # header TEMPLATE_ID,SUBJECT_ID,...
-        return np.unique(np.array([[int(r[0]), int(r[1])] for r in rows if r], dtype=np.int64).reshape(-1, 2),
-                         axis=0)
+        return np.unique(np.array([[int(r[0]), int(r[1])] for r in rows if r], dtype=np.int64).reshape(-1, 2), axis=0)
 
-    out = IJBCMeta([str(root / "loose_crop" / n) for n in names], np.array(templates), np.array(medias), pairs,
-                   {"G1": tmpl_subject("ijbc_1N_gallery_G1.csv"), "G2": tmpl_subject("ijbc_1N_gallery_G2.csv")},
-                   tmpl_subject("ijbc_1N_probe_mixed.csv"))
+    out = IJBCMeta(
+        [str(root / "loose_crop" / n) for n in names],
+        np.array(templates),
+        np.array(medias),
+        pairs,
+        {"G1": tmpl_subject("ijbc_1N_gallery_G1.csv"), "G2": tmpl_subject("ijbc_1N_gallery_G2.csv")},
+        tmpl_subject("ijbc_1N_probe_mixed.csv"),
+    )
     if (meta / LANDMARKS_FILE).is_file():
         out.landmarks, out.scores = read_landmarks(meta / LANDMARKS_FILE, names)
         out.landmarks_file = str(meta / LANDMARKS_FILE)
@@ -82,16 +88,19 @@ def read_landmarks(path: str | Path, names: list[str]) -> tuple[np.ndarray, np.n
         if not parts:
             continue
         if len(parts) != 12:
-            raise ValueError(f"{path}:{no}: expected '<image> x1 y1 ... x5 y5 <score>' (12 fields), "
-                             f"found {len(parts)}: {line[:120]!r}")
+            raise ValueError(
+                f"{path}:{no}: expected '<image> x1 y1 ... x5 y5 <score>' (12 fields), "
+                f"found {len(parts)}: {line[:120]!r}"
+            )
         try:
             by_name[parts[0]] = ([float(v) for v in parts[1:11]], float(parts[11]))
         except ValueError:
             raise ValueError(f"{path}:{no}: landmarks and score must be numbers, found {line[:120]!r}") from None
     missing = [n for n in names if n not in by_name]
     if missing:
-        raise ValueError(f"{path} has no line for {len(missing)} image(s) of ijbc_face_tid_mid.txt, "
-                         f"e.g. {missing[0]!r}")
+        raise ValueError(
+            f"{path} has no line for {len(missing)} image(s) of ijbc_face_tid_mid.txt, e.g. {missing[0]!r}"
+        )
     landmarks = np.array([by_name[n][0] for n in names], dtype=np.float64).reshape(len(names), 5, 2)
     scores = np.array([by_name[n][1] for n in names], dtype=np.float64)
     return landmarks, scores

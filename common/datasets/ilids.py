@@ -34,8 +34,6 @@ class ILIDS(SmallSetReader):
                 continue
             m = _NAME.match(p.name)
             if m is None:
-                raise DatasetLayoutError(
-                    self.name, self.expected, p, "file name is not PPPPSSS.jpg"
-                )
+                raise DatasetLayoutError(self.name, self.expected, p, "file name is not PPPPSSS.jpg")
             out.append(Record(str(p), int(m.group(1)), int(m.group(2)) - 1))
         return out

@@ -74,7 +74,7 @@ def unpack(payload: bytes) -> tuple[np.ndarray, bytes]:
     flag, label, _, _ = struct.unpack(IR_FORMAT, payload[:IR_SIZE])
     body = payload[IR_SIZE:]
     if flag > 0:
-        return np.frombuffer(body[:4 * flag], dtype=np.float32).copy(), body[4 * flag:]
+        return np.frombuffer(body[: 4 * flag], dtype=np.float32).copy(), body[4 * flag :]
     return np.array([label], dtype=np.float32), body
 
 
@@ -104,8 +104,11 @@ def export_identity_folders(rec_path: str | Path, out: str | Path, *, max_identi
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m common.datasets.insightface_rec", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m common.datasets.insightface_rec",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("rec", help="train.rec (train.idx beside it)")
     p.add_argument("out", help="output folder: one sub-folder per identity")
     p.add_argument("--max-identities", type=int, default=0, help="stop after this many identities (0: all)")

@@ -48,9 +48,7 @@ class _Painter:
         self.height, self.width = height, width
         self.looks: dict[object, Any] = {}
 
-    def person(
-        self, key: object, cam: int, height: int | None = None, width: int | None = None
-    ) -> np.ndarray:
+    def person(self, key: object, cam: int, height: int | None = None, width: int | None = None) -> np.ndarray:
         if key not in self.looks:
             self.looks[key] = make_identity(self.id_rng)
         h, w = height or self.height, width or self.width
@@ -86,9 +84,7 @@ def _col(values: list[int]) -> np.ndarray:
     return np.asarray(values, dtype=float).reshape(-1, 1)
 
 
-def _market(
-    out: Path, p: dict, *, num_distractors: int = 2, num_junk: int = 2, duke: bool = False
-) -> Path:
+def _market(out: Path, p: dict, *, num_distractors: int = 2, num_junk: int = 2, duke: bool = False) -> Path:
     n = p["num_ids"]
     return write_market_layout(
         out,
@@ -116,9 +112,7 @@ def _msmt17(out: Path, p: dict, *, version: str = "V1") -> Path:
         for pid in range(count):
             for k, cam in enumerate(pt.cams(15, k_img)):
                 frame += 1
-                rel = (
-                    f"{pid:04d}/{pid:04d}_{frame:03d}_{cam + 1:02d}_0303morning_{frame:04d}_{k}.jpg"
-                )
+                rel = f"{pid:04d}/{pid:04d}_{frame:03d}_{cam + 1:02d}_0303morning_{frame:04d}_{k}.jpg"
                 pt.save((split, pid), cam, base / folder / rel)
                 if split == "train":
                     which = "val" if k == k_img - 1 and k_img > 1 else "train"
@@ -141,9 +135,7 @@ def _cuhk03(out: Path, p: dict, *, extract: bool = False, num_test_sets: int = 2
     keys = [(i % n_pairs + 1, i // n_pairs + 1) for i in range(n)]  # (pair, pid) 1-based
     per_pair = [sum(1 for a, _ in keys if a == q + 1) for q in range(n_pairs)]
     first_view = (k_img + 1) // 2
-    slots = list(range(first_view)) + list(
-        range(5, 5 + k_img - first_view)
-    )  # view 1: 0-4, view 2: 5-9
+    slots = list(range(first_view)) + list(range(5, 5 + k_img - first_view))  # view 1: 0-4, view 2: 5-9
     mat: dict[str, Any] = {}
     for kind in ("detected", "labeled"):
         pairs = [_cell([np.zeros((0, 0))] * (m * 10), (m, 10)) for m in per_pair]
@@ -153,10 +145,7 @@ def _cuhk03(out: Path, p: dict, *, extract: bool = False, num_test_sets: int = 2
                 pairs[pair - 1][pid - 1, s] = pt.person((pair, pid), cam)
         mat[kind] = _cell(pairs)
     num_test = max(1, n // 3)
-    tests = [
-        np.asarray(keys)[np.sort(pt.rng.choice(n, num_test, replace=False))]
-        for _ in range(num_test_sets)
-    ]
+    tests = [np.asarray(keys)[np.sort(pt.rng.choice(n, num_test, replace=False))] for _ in range(num_test_sets)]
     mat["testsets"] = _cell([t.astype(float) for t in tests])
     raw = base / "cuhk03_release" / "cuhk-03.mat"
     savemat(raw, mat)
@@ -247,9 +236,7 @@ def _grid(out: Path, p: dict, *, num_distractors: int = 3) -> Path:
     for idx in range(1, n + 1):
         for folder, cam in zip(("probe", "gallery"), pt.cams(8, 2)):
             frame += 1
-            pt.save(
-                idx, cam, base / folder / f"{idx:04d}_{cam + 1}_{frame:05d}_{frame % 97}_0_0.jpeg"
-            )
+            pt.save(idx, cam, base / folder / f"{idx:04d}_{cam + 1}_{frame:05d}_{frame % 97}_0_0.jpeg")
     for j in range(num_distractors):
         cam = int(pt.rng.integers(8))
         frame += 1
@@ -299,9 +286,7 @@ def _cuhksysu(out: Path, p: dict, *, gallery_size: int = 4) -> Path:
                 spot = {"name": f"s{len(scenes) + 1}.jpg", "people": [], "others": []}
                 scenes.append(spot)
             spot["people"].append((person, None))
-    scenes += [
-        {"name": f"s{len(scenes) + i + 1}.jpg", "people": [], "others": []} for i in range(2)
-    ]  # crowds only
+    scenes += [{"name": f"s{len(scenes) + i + 1}.jpg", "people": [], "others": []} for i in range(2)]  # crowds only
     for s in scenes:
         img = np.empty((h + 2 * pad, slots * (w + pad) + pad, 3), np.uint8)
         img[:] = (pt.domain.background * 255).astype(np.uint8)
@@ -323,9 +308,7 @@ def _cuhksysu(out: Path, p: dict, *, gallery_size: int = 4) -> Path:
     def hit(name: str, box: Any) -> dict:
         return {
             "imname": name,
-            "idlocate": np.asarray(box, float).reshape(1, -1)
-            if box is not None
-            else np.zeros((0, 0)),
+            "idlocate": np.asarray(box, float).reshape(1, -1) if box is not None else np.zeros((0, 0)),
             "ishard": 0.0,
         }
 

@@ -53,7 +53,9 @@ class Market1501(DatasetReader):
         self.root = base
         expected = f"<root>/{self.dataset_dir}/{{bounding_box_train,query,bounding_box_test}}/0002_c1s1_000451_03.jpg"
         self.expected = expected
-        dirs = [require_dir(self.name, expected, base / d) for d in ("bounding_box_train", "query", "bounding_box_test")]
+        dirs = [
+            require_dir(self.name, expected, base / d) for d in ("bounding_box_train", "query", "bounding_box_test")
+        ]
         (train, query, gallery), self.corrupt_files = screen_images(
             self.name,
             expected,
@@ -80,6 +82,8 @@ class Market1501(DatasetReader):
             if pid == -1 or (drop_distractors and pid == 0):
                 continue  # junk images; distractors are never training identities
             if not 0 <= camid <= self.max_camid:
-                raise DatasetLayoutError(self.name, self.expected, p, f"camera index out of range 1..{self.max_camid + 1}")
+                raise DatasetLayoutError(
+                    self.name, self.expected, p, f"camera index out of range 1..{self.max_camid + 1}"
+                )
             out.append(Record(str(p), pid, camid))
         return out

@@ -74,9 +74,7 @@ class MSMT17(DatasetReader):
             skip_corrupt=skip_corrupt,
         )
         if not train:
-            raise DatasetLayoutError(
-                self.name, self.expected, base / LISTS[0], "no training images"
-            )
+            raise DatasetLayoutError(self.name, self.expected, base / LISTS[0], "no training images")
         self.splits = ReIDSplits(
             self.name,
             train=relabel(train) if relabel_train else train,
@@ -92,9 +90,7 @@ class MSMT17(DatasetReader):
             names = [version] if version else list(VERSIONS)
             candidates = [p / v for p in (root, root / "msmt17") for v in names if (p / v).is_dir()]
             if not candidates:
-                raise DatasetLayoutError(
-                    self.name, self.expected, root / (version or "MSMT17_V1"), "missing folder"
-                )
+                raise DatasetLayoutError(self.name, self.expected, root / (version or "MSMT17_V1"), "missing folder")
         base = candidates[0]
         for name in LISTS:
             if not (base / name).is_file():
@@ -123,13 +119,9 @@ class MSMT17(DatasetReader):
                     f"cannot parse {line!r} as '<pid dir>/<pid>_<n>_<cam>_... <pid>'",
                 ) from None
             if not 0 <= camid < NUM_CAMS:
-                raise DatasetLayoutError(
-                    self.name, self.expected, where, f"camera {camid + 1} outside 1..{NUM_CAMS}"
-                )
+                raise DatasetLayoutError(self.name, self.expected, where, f"camera {camid + 1} outside 1..{NUM_CAMS}")
             path = folder / rel
             if not path.is_file():
-                raise DatasetLayoutError(
-                    self.name, self.expected, path, f"missing image (listed at {where})"
-                )
+                raise DatasetLayoutError(self.name, self.expected, path, f"missing image (listed at {where})")
             out.append(Record(str(path), pid, camid))
         return out

@@ -115,26 +115,17 @@ def load_splits(
     try:
         doc = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as e:
-        raise DatasetLayoutError(
-            "splits", f"a JSON file written by save_splits ({FORMAT})", path, str(e)
-        ) from e
+        raise DatasetLayoutError("splits", f"a JSON file written by save_splits ({FORMAT})", path, str(e)) from e
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-        raise DatasetLayoutError(
-            "splits", f"format {FORMAT!r}", path, "not a split file of this format"
-        )
+        raise DatasetLayoutError("splits", f"format {FORMAT!r}", path, "not a split file of this format")
     known = {r.path: r for r in records} if records is not None else None
     out: list[ReIDSplits] = []
     for s in doc["splits"]:
-        lists = {
-            k: [Record(str(p), int(pid), int(c)) for p, pid, c in s[k]]
-            for k in ("train", "query", "gallery")
-        }
+        lists = {k: [Record(str(p), int(pid), int(c)) for p, pid, c in s[k]] for k in ("train", "query", "gallery")}
         for k, rs in lists.items():
             for r in rs:
                 if check_files and not Path(r.path).is_file():
-                    raise DatasetLayoutError(
-                        "splits", f"the images listed in {path}", r.path, "missing image"
-                    )
+                    raise DatasetLayoutError("splits", f"the images listed in {path}", r.path, "missing image")
                 if known is None:
                     continue
                 ref = known.get(r.path)

@@ -129,7 +129,11 @@ def render_person(
 
 def market_name(pid: int, cam: int, seq: int, frame: int, box: int) -> str:
     """Market-1501 file name: ``0002_c1s1_000451_03.jpg`` (pid, camera 1-based, sequence, frame, box)."""
-    return f"{pid:04d}_c{cam + 1}s{seq}_{frame:06d}_{box:02d}.jpg" if pid >= 0 else f"-1_c{cam + 1}s{seq}_{frame:06d}_{box:02d}.jpg"
+    return (
+        f"{pid:04d}_c{cam + 1}s{seq}_{frame:06d}_{box:02d}.jpg"
+        if pid >= 0
+        else f"-1_c{cam + 1}s{seq}_{frame:06d}_{box:02d}.jpg"
+    )
 
 
 def write_market_layout(
@@ -188,7 +192,12 @@ def write_market_layout(
     for pid, n in ((0, num_distractors), (-1, num_junk)):
         for _ in range(n):
             cam = int(rng.integers(num_cams))
-            save(dirs["bounding_box_test"], pid, cam, render_person(make_identity(id_rng), domain, cam, rng, height, width))
+            save(
+                dirs["bounding_box_test"],
+                pid,
+                cam,
+                render_person(make_identity(id_rng), domain, cam, rng, height, width),
+            )
     return base
 
 

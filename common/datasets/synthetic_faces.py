@@ -72,8 +72,9 @@ def make_identity(seed: int, identity: int, population: int | None = None, sprea
     if population is None:
         return idt
     proto = _draw_identity(np.random.default_rng(stable_seed("synthetic-face-population", seed, population)))
-    return Identity(**{f: getattr(proto, f) + spread * (getattr(idt, f) - getattr(proto, f))
-                       for f in Identity.__dataclass_fields__})
+    return Identity(
+        **{f: getattr(proto, f) + spread * (getattr(idt, f) - getattr(proto, f)) for f in Identity.__dataclass_fields__}
+    )
 
 
 def _draw_identity(r: np.random.Generator) -> Identity:
@@ -81,15 +82,28 @@ def _draw_identity(r: np.random.Generator) -> Identity:
     t = (t + t[:, ::-1]) / 2  # symmetric: a mirrored image shows the same person
     skin_tone = r.uniform(0.25, 0.95)
     return Identity(
-        face_rx=r.uniform(0.48, 0.66), face_ry=r.uniform(0.62, 0.80), face_cy=r.uniform(0.02, 0.12),
+        face_rx=r.uniform(0.48, 0.66),
+        face_ry=r.uniform(0.62, 0.80),
+        face_cy=r.uniform(0.02, 0.12),
         skin=np.clip(np.array([skin_tone, skin_tone * r.uniform(0.7, 0.9), skin_tone * r.uniform(0.5, 0.8)]), 0, 1),
-        hair=r.uniform(0.0, 0.8, 3) * r.uniform(0.3, 1.0), hairline=r.uniform(-0.75, -0.35),
-        hair_width=r.uniform(1.02, 1.2), iris=r.uniform(0.0, 0.7, 3),
-        eye_dx=r.uniform(0.17, 0.30), eye_y=r.uniform(-0.15, 0.02), eye_rx=r.uniform(0.07, 0.13),
-        eye_ry=r.uniform(0.035, 0.07), brow_dy=r.uniform(0.09, 0.18), brow_tilt=r.uniform(-0.25, 0.25),
-        brow_thick=r.uniform(0.02, 0.05), nose_len=r.uniform(0.12, 0.28), nose_w=r.uniform(0.04, 0.09),
-        mouth_y=r.uniform(0.33, 0.5), mouth_w=r.uniform(0.12, 0.26), lip=r.uniform(0.3, 0.9, 3) * [1, 0.5, 0.5],
-        texture=t, texture_amp=r.uniform(0.05, 0.15),
+        hair=r.uniform(0.0, 0.8, 3) * r.uniform(0.3, 1.0),
+        hairline=r.uniform(-0.75, -0.35),
+        hair_width=r.uniform(1.02, 1.2),
+        iris=r.uniform(0.0, 0.7, 3),
+        eye_dx=r.uniform(0.17, 0.30),
+        eye_y=r.uniform(-0.15, 0.02),
+        eye_rx=r.uniform(0.07, 0.13),
+        eye_ry=r.uniform(0.035, 0.07),
+        brow_dy=r.uniform(0.09, 0.18),
+        brow_tilt=r.uniform(-0.25, 0.25),
+        brow_thick=r.uniform(0.02, 0.05),
+        nose_len=r.uniform(0.12, 0.28),
+        nose_w=r.uniform(0.04, 0.09),
+        mouth_y=r.uniform(0.33, 0.5),
+        mouth_w=r.uniform(0.12, 0.26),
+        lip=r.uniform(0.3, 0.9, 3) * [1, 0.5, 0.5],
+        texture=t,
+        texture_amp=r.uniform(0.05, 0.15),
     )
 
 
@@ -106,7 +120,7 @@ def _upsample(grid: np.ndarray, n: int) -> np.ndarray:
 def render_face(idt: Identity, rng: np.random.Generator, size: int, variation: float = 1.0) -> Image.Image:
     """One RGB image (size x size) of ``idt`` under a random pose, expression and illumination."""
     n = 2 * size  # render at twice the size, then downsample (anti-aliasing)
-    v_, u_ = np.mgrid[-1:1:n * 1j, -1:1:n * 1j]
+    v_, u_ = np.mgrid[-1 : 1 : n * 1j, -1 : 1 : n * 1j]
     w = 2.0 / n
 
     def j(scale: float) -> float:  # multiplicative jitter of a shape parameter
@@ -164,8 +178,13 @@ def render_face(idt: Identity, rng: np.random.Generator, size: int, variation: f
         m = np.array([[np.cos(a), np.sin(a)], [-np.sin(a), np.cos(a)]]) / scale
         c = np.array([n / 2, n / 2])
         off = c - m @ (c + shift)
-        im = im.transform((n, n), Image.AFFINE, (m[0, 0], m[0, 1], off[0], m[1, 0], m[1, 1], off[1]),
-                          resample=Image.BILINEAR, fillcolor=tuple(int(x) for x in bg * 255))
+        im = im.transform(
+            (n, n),
+            Image.AFFINE,
+            (m[0, 0], m[0, 1], off[0], m[1, 0], m[1, 1], off[1]),
+            resample=Image.BILINEAR,
+            fillcolor=tuple(int(x) for x in bg * 255),
+        )
     arr = np.asarray(im.resize((size, size), Image.LANCZOS), dtype=np.float32) / 255
     arr = arr + rng.normal(0, 0.03 * variation, arr.shape)  # sensor noise
     return Image.fromarray((np.clip(arr, 0, 1) * 255).round().astype(np.uint8))
@@ -176,8 +195,16 @@ def identity_name(i: int) -> str:
 
 
 def write_identity_folders(
-    root: str | Path, num_identities: int, images_per_identity: int, *, size: int = 112, seed: int = 0,
-    first_identity: int = 0, variation: float = 1.0, population: int | None = None, spread: float = 0.35,
+    root: str | Path,
+    num_identities: int,
+    images_per_identity: int,
+    *,
+    size: int = 112,
+    seed: int = 0,
+    first_identity: int = 0,
+    variation: float = 1.0,
+    population: int | None = None,
+    spread: float = 0.35,
 ) -> list[str]:
     """``root/<id>/<k>.png`` for identities first_identity .. +num_identities; returns the names.
 
@@ -196,14 +223,26 @@ def write_identity_folders(
     return names
 
 
-IJBC_META = ("ijbc_face_tid_mid.txt", "ijbc_template_pair_label.txt", "ijbc_1N_gallery_G1.csv",
-             "ijbc_1N_gallery_G2.csv", "ijbc_1N_probe_mixed.csv")
+IJBC_META = (
+    "ijbc_face_tid_mid.txt",
+    "ijbc_template_pair_label.txt",
+    "ijbc_1N_gallery_G1.csv",
+    "ijbc_1N_gallery_G2.csv",
+    "ijbc_1N_probe_mixed.csv",
+)
 CSV_HEADER = ["TEMPLATE_ID", "SUBJECT_ID", "FILENAME", "SIGHTING_ID"]
 
 
 def write_ijbc_layout(
-    root: str | Path, num_subjects: int, *, probe_templates: int = 2, media_per_template: int = 2,
-    images_per_media: int = 2, size: int = 112, seed: int = 0, first_identity: int = 100_000,
+    root: str | Path,
+    num_subjects: int,
+    *,
+    probe_templates: int = 2,
+    media_per_template: int = 2,
+    images_per_media: int = 2,
+    size: int = 112,
+    seed: int = 0,
+    first_identity: int = 100_000,
     variation: float = 1.0,
 ) -> dict[str, int]:
     """A small IJB-C-style benchmark of unseen identities (the format insightface's IJB scripts read).
@@ -247,19 +286,30 @@ def write_ijbc_layout(
     (root / "meta" / "ijbc_face_tid_mid.txt").write_text("\n".join(tid_mid) + "\n")
     pairs = [f"{g} {p} {int(gs == ps)}" for (g, gs), (p, ps) in itertools.product(gallery_t, probe_t)]
     (root / "meta" / "ijbc_template_pair_label.txt").write_text("\n".join(pairs) + "\n")
-    for kind, name in (("G1", "ijbc_1N_gallery_G1.csv"), ("G2", "ijbc_1N_gallery_G2.csv"),
-                       ("probe", "ijbc_1N_probe_mixed.csv")):
+    for kind, name in (
+        ("G1", "ijbc_1N_gallery_G1.csv"),
+        ("G2", "ijbc_1N_gallery_G2.csv"),
+        ("probe", "ijbc_1N_probe_mixed.csv"),
+    ):
         with open(root / "meta" / name, "w", newline="") as f:
             w = csv.writer(f)
             w.writerow(CSV_HEADER)
             w.writerows(rows[kind])
-    return {"images": image_no, "templates": template_id, "media": media_id, "pairs": len(pairs),
-            "genuine_pairs": sum(p.endswith(" 1") for p in pairs)}
+    return {
+        "images": image_no,
+        "templates": template_id,
+        "media": media_id,
+        "pairs": len(pairs),
+        "genuine_pairs": sum(p.endswith(" 1") for p in pairs),
+    }
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m common.datasets.synthetic_faces", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m common.datasets.synthetic_faces",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = p.add_subparsers(dest="cmd", required=True)
     f = sub.add_parser("folders", help="identity-folder dataset")
     f.add_argument("out")
@@ -279,13 +329,28 @@ def main(argv: list[str] | None = None) -> None:
         q.add_argument("--variation", type=float, default=1.0)
     a = p.parse_args(argv)
     if a.cmd == "folders":
-        names = write_identity_folders(a.out, a.identities, a.images, size=a.size, seed=a.seed,
-                                       first_identity=a.first_identity, variation=a.variation)
+        names = write_identity_folders(
+            a.out,
+            a.identities,
+            a.images,
+            size=a.size,
+            seed=a.seed,
+            first_identity=a.first_identity,
+            variation=a.variation,
+        )
         print(f"wrote {len(names)} identities x {a.images} images ({a.size}x{a.size}) to {a.out}")
     else:
-        counts = write_ijbc_layout(a.out, a.subjects, probe_templates=a.probe_templates, media_per_template=a.media,
-                                   images_per_media=a.images, size=a.size, seed=a.seed,
-                                   first_identity=a.first_identity, variation=a.variation)
+        counts = write_ijbc_layout(
+            a.out,
+            a.subjects,
+            probe_templates=a.probe_templates,
+            media_per_template=a.media,
+            images_per_media=a.images,
+            size=a.size,
+            seed=a.seed,
+            first_identity=a.first_identity,
+            variation=a.variation,
+        )
         print(f"wrote an IJB-C-style set to {a.out}: {counts}")
 
 

@@ -45,21 +45,15 @@ class ThreeDPeS(SmallSetReader):
         if (base / "RGB").is_dir():
             return self._scan_rgb(base / "RGB")
         if self.use_file_cameras:
-            raise ValueError(
-                "3dpes: use_file_cameras needs the RGB release (no cameras in <pid>/ folders)"
-            )
+            raise ValueError("3dpes: use_file_cameras needs the RGB release (no cameras in <pid>/ folders)")
         out: list[Record] = []
         folders = sorted(p for p in base.iterdir() if p.is_dir())
         if not folders:
             where = base if base.name == "3DPeS" else base / "3DPeS"
-            raise DatasetLayoutError(
-                self.name, self.expected, where, "missing folder or no <pid>/ folders in it"
-            )
+            raise DatasetLayoutError(self.name, self.expected, where, "missing folder or no <pid>/ folders in it")
         for d in folders:
             if not d.name.isdigit():
-                raise DatasetLayoutError(
-                    self.name, self.expected, d, "person folder name is not a number"
-                )
+                raise DatasetLayoutError(self.name, self.expected, d, "person folder name is not a number")
             images = sorted(p for p in d.iterdir() if p.suffix.lower() == ".bmp")
             out += [Record(str(p), int(d.name), k) for k, p in enumerate(images)]
         return out
@@ -71,9 +65,7 @@ class ThreeDPeS(SmallSetReader):
                 continue
             m = _RGB_NAME.match(p.name)
             if m is None:
-                raise DatasetLayoutError(
-                    self.name, self.expected, p, "name is not <pid>_<cam>_FRAME_<n>_RGB.bmp"
-                )
+                raise DatasetLayoutError(self.name, self.expected, p, "name is not <pid>_<cam>_FRAME_<n>_RGB.bmp")
             parsed.append((p, int(m.group(1)), m.group(2)))
         if not parsed:
             raise DatasetLayoutError(self.name, self.expected, folder, "no .bmp images")

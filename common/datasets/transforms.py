@@ -12,14 +12,16 @@ IMAGENET_STD = (0.229, 0.224, 0.225)
 def train_transform(height: int, width: int) -> T.Compose:
     """Random augmentation; each call draws anew, so two calls give two independent views."""
     pad = max(1, height // 25)  # torchreid pads 10 px at 256x128
-    return T.Compose([
-        T.Resize((height, width)),
-        T.RandomHorizontalFlip(),
-        T.Pad(pad),
-        T.RandomCrop((height, width)),
-        T.ToTensor(),
-        T.Normalize(IMAGENET_MEAN, IMAGENET_STD),
-    ])
+    return T.Compose(
+        [
+            T.Resize((height, width)),
+            T.RandomHorizontalFlip(),
+            T.Pad(pad),
+            T.RandomCrop((height, width)),
+            T.ToTensor(),
+            T.Normalize(IMAGENET_MEAN, IMAGENET_STD),
+        ]
+    )
 
 
 def test_transform(height: int, width: int) -> T.Compose:

@@ -51,7 +51,5 @@ class VIPeR(SmallSetReader):
         na, nb = len(files[0]), len(files[1])
         if na != nb:
             extra = files[0][nb] if na > nb else files[1][na]
-            raise DatasetLayoutError(
-                self.name, self.expected, extra, f"unpaired image ({na} in cam_a, {nb} in cam_b)"
-            )
+            raise DatasetLayoutError(self.name, self.expected, extra, f"unpaired image ({na} in cam_a, {nb} in cam_b)")
         return out

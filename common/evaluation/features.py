@@ -35,7 +35,9 @@ def extract_features(
     """
     embedding.eval().to(device)
     loader = DataLoader(
-        ImageDataset(records, test_transform(height, width)), batch_size=batch_size, shuffle=False,
+        ImageDataset(records, test_transform(height, width)),
+        batch_size=batch_size,
+        shuffle=False,
         num_workers=num_workers,
     )
     chunks = []

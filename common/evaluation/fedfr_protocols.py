@@ -41,8 +41,9 @@ IDENTIFICATION_PROTOCOLS = ("nist", "insightface")
 HEADLINE = {"nist": "mean/", "insightface": "G1+G2/"}  # the prefix of a protocol's reported 1:N figures
 
 
-def template_features(image_feats: np.ndarray, templates: np.ndarray, medias: np.ndarray,
-                      weights: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+def template_features(
+    image_feats: np.ndarray, templates: np.ndarray, medias: np.ndarray, weights: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """(template ids sorted, (T, d) features): media-average, then template-sum, then L2-normalise.
 
     ``weights`` (n_images,): each image feature is multiplied by its weight first (IJB-C: the
@@ -67,8 +68,9 @@ def template_features(image_feats: np.ndarray, templates: np.ndarray, medias: np
     return ids, _normalise(feats)
 
 
-def ijbc_verification(ids: np.ndarray, feats: np.ndarray, pairs: np.ndarray, far_targets: Sequence[float]
-                      ) -> dict[float, float]:
+def ijbc_verification(
+    ids: np.ndarray, feats: np.ndarray, pairs: np.ndarray, far_targets: Sequence[float]
+) -> dict[float, float]:
     """TAR@FAR of the template pairs (``pairs``: t1, t2, label) with cosine scores."""
     i1, i2 = _index(ids, pairs[:, 0]), _index(ids, pairs[:, 1])
     scores = np.einsum("ij,ij->i", feats[i1], feats[i2])
@@ -76,20 +78,28 @@ def ijbc_verification(ids: np.ndarray, feats: np.ndarray, pairs: np.ndarray, far
     return tar_at_far(scores[genuine], scores[~genuine], far_targets)
 
 
-def ijbc_identification(ids: np.ndarray, feats: np.ndarray, meta: IJBCMeta, fpir_targets: Sequence[float],
-                        ranks: Sequence[int], protocol: str = "nist") -> dict[str, float]:
+def ijbc_identification(
+    ids: np.ndarray,
+    feats: np.ndarray,
+    meta: IJBCMeta,
+    fpir_targets: Sequence[float],
+    ranks: Sequence[int],
+    protocol: str = "nist",
+) -> dict[str, float]:
     """1:N of the template features by ``protocol`` (module docstring): TPIR@FPIR and rank-k.
 
     ``nist``: per gallery (G1, G2) with the mixed probes, and their mean; ``insightface``: G1+G2.
     """
     if protocol not in IDENTIFICATION_PROTOCOLS:
-        raise ValueError(f"IJB-C 1:N protocol: expected one of {', '.join(IDENTIFICATION_PROTOCOLS)}, "
-                         f"found {protocol!r}")
+        raise ValueError(
+            f"IJB-C 1:N protocol: expected one of {', '.join(IDENTIFICATION_PROTOCOLS)}, found {protocol!r}"
+        )
     probe_feats = feats[_index(ids, meta.probes[:, 0])]
     if protocol == "insightface":
         g = np.concatenate(list(meta.galleries.values()))
-        r = insightface_identification(probe_feats, meta.probes[:, 1], feats[_index(ids, g[:, 0])], g[:, 1],
-                                       fpir_targets, ranks)
+        r = insightface_identification(
+            probe_feats, meta.probes[:, 1], feats[_index(ids, g[:, 0])], g[:, 1], fpir_targets, ranks
+        )
         return {f"{HEADLINE['insightface']}{k}": v for k, v in r.items()}
     out: dict[str, float] = {}
     for name, g in meta.galleries.items():
@@ -132,32 +142,40 @@ def genuine_pair_scores(feats: np.ndarray, labels: np.ndarray, max_pairs: int = 
     return out
 
 
-def impostor_score_source(own: np.ndarray, others: Sequence[np.ndarray], chunk_rows: int = 4096
-                          ) -> Callable[[], Iterator[np.ndarray]]:
+def impostor_score_source(
+    own: np.ndarray, others: Sequence[np.ndarray], chunk_rows: int = 4096
+) -> Callable[[], Iterator[np.ndarray]]:
     """A re-callable stream of the cosines of every (own row, other-site row) pair, chunk by chunk."""
+
     def chunks() -> Iterator[np.ndarray]:
         for o in others:
             for lo in range(0, len(o), chunk_rows):
-                yield (own @ o[lo:lo + chunk_rows].T).astype(np.float32).ravel()
+                yield (own @ o[lo : lo + chunk_rows].T).astype(np.float32).ravel()
+
     return chunks
 
 
-def personalised_site_metrics(site: int, f: SiteFeatures, far_targets: Sequence[float],
-                              fpir_targets: Sequence[float], ranks: Sequence[int], max_genuine_pairs: int = 0
-                              ) -> dict[str, float]:
+def personalised_site_metrics(
+    site: int,
+    f: SiteFeatures,
+    far_targets: Sequence[float],
+    fpir_targets: Sequence[float],
+    ranks: Sequence[int],
+    max_genuine_pairs: int = 0,
+) -> dict[str, float]:
     """1:1 TAR@FAR and 1:N TPIR@FPIR / rank-k of site ``site`` (module docstring)."""
     own, own_labels = f.probes[site], f.probe_labels[site]
     others = [p for j, p in enumerate(f.probes) if j != site]
     genuine = genuine_pair_scores(own, own_labels, max_genuine_pairs, seed=site)
-    out = {f"TAR@FAR={a:g}": v for a, v in
-           tar_at_far(genuine, impostor_score_source(own, others), far_targets).items()}
+    out = {f"TAR@FAR={a:g}": v for a, v in tar_at_far(genuine, impostor_score_source(own, others), far_targets).items()}
     k = int(f.gallery_labels.max()) + 1
     gallery = np.zeros((k, f.gallery.shape[1]))
     np.add.at(gallery, f.gallery_labels, f.gallery)
     gallery /= np.bincount(f.gallery_labels, minlength=k)[:, None]  # mean registered feature
     probe_ids = [own_labels] + [np.full(len(p), -1 - j) for j, p in enumerate(others)]  # -1-j: not in the gallery
-    r = tpir_at_fpir(np.concatenate([own, *others]), np.concatenate(probe_ids), gallery, np.arange(k),
-                     fpir_targets, ranks)
+    r = tpir_at_fpir(
+        np.concatenate([own, *others]), np.concatenate(probe_ids), gallery, np.arange(k), fpir_targets, ranks
+    )
     out |= {f"TPIR@FPIR={a:g}": v for a, v in r.tpir.items()}
     out |= {f"rank-{k_}": v for k_, v in r.cmc.items()}
     return out

@@ -58,14 +58,9 @@ def tpir_at_fpir(
     gallery_feats = np.asarray(gallery_feats)
     probe_ids = np.asarray(probe_ids).ravel()
     gallery_ids = np.asarray(gallery_ids).ravel()
-    if (
-        probe_feats.ndim != 2
-        or gallery_feats.ndim != 2
-        or probe_feats.shape[1] != gallery_feats.shape[1]
-    ):
+    if probe_feats.ndim != 2 or gallery_feats.ndim != 2 or probe_feats.shape[1] != gallery_feats.shape[1]:
         raise ValueError(
-            f"expected (P, d) probe and (G, d) gallery features, got {probe_feats.shape} and "
-            f"{gallery_feats.shape}"
+            f"expected (P, d) probe and (G, d) gallery features, got {probe_feats.shape} and {gallery_feats.shape}"
         )
     if len(probe_ids) != len(probe_feats) or len(gallery_ids) != len(gallery_feats):
         raise ValueError("one id per feature row is expected for probes and gallery")
@@ -103,9 +98,7 @@ def tpir_at_fpir(
     if ranks_.size == 0:
         raise ValueError("no mated probe (no probe identity is in the gallery): TPIR is undefined")
     if len(fpir_targets) and top_nm.size == 0:
-        raise ValueError(
-            "no non-mated probe: FPIR is undefined; pass fpir_targets=() for closed-set ranks only"
-        )
+        raise ValueError("no non-mated probe: FPIR is undefined; pass fpir_targets=() for closed-set ranks only")
 
     tpir, thresholds, fpir = {}, {}, {}
     if len(fpir_targets):

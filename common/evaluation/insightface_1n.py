@@ -38,39 +38,45 @@ def insightface_identification(
     probe_feats, gallery_feats = np.asarray(probe_feats, np.float64), np.asarray(gallery_feats, np.float64)
     probe_ids, gallery_ids = np.asarray(probe_ids).ravel(), np.asarray(gallery_ids).ravel()
     if probe_feats.ndim != 2 or gallery_feats.ndim != 2 or probe_feats.shape[1] != gallery_feats.shape[1]:
-        raise ValueError(f"expected (P, d) probe and (G, d) gallery features, got {probe_feats.shape} and "
-                         f"{gallery_feats.shape}")
+        raise ValueError(
+            f"expected (P, d) probe and (G, d) gallery features, got {probe_feats.shape} and {gallery_feats.shape}"
+        )
     if len(probe_ids) != len(probe_feats) or len(gallery_ids) != len(gallery_feats) or not len(probe_ids):
         raise ValueError("one id per feature row and at least one probe are expected")
     subjects, counts = np.unique(gallery_ids, return_counts=True)
     if (counts != 1).any():
-        raise ValueError(f"the insightface 1:N protocol needs one gallery template per subject; subject "
-                         f"{subjects[counts != 1][0]} has {counts[counts != 1][0]}")
+        raise ValueError(
+            f"the insightface 1:N protocol needs one gallery template per subject; subject "
+            f"{subjects[counts != 1][0]} has {counts[counts != 1][0]}"
+        )
     order = np.argsort(gallery_ids)
     mate = np.searchsorted(gallery_ids[order], probe_ids)
     mate = np.minimum(mate, len(order) - 1)
     if (gallery_ids[order][mate] != probe_ids).any():
-        raise ValueError(f"the insightface 1:N protocol needs every probe subject in the gallery; subject "
-                         f"{probe_ids[gallery_ids[order][mate] != probe_ids][0]} is not")
+        raise ValueError(
+            f"the insightface 1:N protocol needs every probe subject in the gallery; subject "
+            f"{probe_ids[gallery_ids[order][mate] != probe_ids][0]} is not"
+        )
     mate = order[mate]  # gallery row of each probe's mate
     n_probes, n_gallery = len(probe_ids), len(gallery_ids)
     need = {a: math.ceil(n_probes * a) for a in fpir_targets}
     n_max = max(need.values(), default=0)
     if n_max > n_probes * (n_gallery - 1):
-        raise ValueError(f"FPIR {max(fpir_targets)} asks for {n_max} non-mated scores; there are "
-                         f"{n_probes * (n_gallery - 1)}")
+        raise ValueError(
+            f"FPIR {max(fpir_targets)} asks for {n_max} non-mated scores; there are {n_probes * (n_gallery - 1)}"
+        )
     gallery = _normalise(gallery_feats)
     mated_score = np.empty(n_probes)
     rank = np.empty(n_probes, dtype=np.int64)
     top = np.empty(0)  # the n_max largest non-mated scores so far
     for lo in range(0, n_probes, chunk_size):
-        scores = _normalise(probe_feats[lo:lo + chunk_size]) @ gallery.T
+        scores = _normalise(probe_feats[lo : lo + chunk_size]) @ gallery.T
         rows = np.arange(len(scores))
-        s_mate = scores[rows, mate[lo:lo + chunk_size]]
-        mated_score[lo:lo + len(scores)] = s_mate
-        rank[lo:lo + len(scores)] = (scores >= s_mate[:, None]).sum(axis=1)  # the mate itself is one of them
+        s_mate = scores[rows, mate[lo : lo + chunk_size]]
+        mated_score[lo : lo + len(scores)] = s_mate
+        rank[lo : lo + len(scores)] = (scores >= s_mate[:, None]).sum(axis=1)  # the mate itself is one of them
         if n_max:
-            scores[rows, mate[lo:lo + chunk_size]] = -np.inf  # leave the non-mated scores
+            scores[rows, mate[lo : lo + chunk_size]] = -np.inf  # leave the non-mated scores
             flat = np.concatenate([top, scores.ravel()])
             flat = flat[np.isfinite(flat)]
             top = flat if flat.size <= n_max else np.partition(flat, flat.size - n_max)[-n_max:]

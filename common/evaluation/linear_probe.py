@@ -12,7 +12,9 @@ import numpy as np
 from scipy.optimize import minimize
 
 
-def fit_softmax(x: np.ndarray, y: np.ndarray, *, l2: float = 1e-3, max_iter: int = 500) -> tuple[np.ndarray, np.ndarray]:
+def fit_softmax(
+    x: np.ndarray, y: np.ndarray, *, l2: float = 1e-3, max_iter: int = 500
+) -> tuple[np.ndarray, np.ndarray]:
     """Weights (D x C) and bias (C) of a softmax classifier; classes are ``np.unique(y)``'s order."""
     classes, yi = np.unique(y, return_inverse=True)
     n, d = x.shape
@@ -21,7 +23,7 @@ def fit_softmax(x: np.ndarray, y: np.ndarray, *, l2: float = 1e-3, max_iter: int
     x = x.astype(np.float64)
 
     def loss_grad(theta: np.ndarray) -> tuple[float, np.ndarray]:
-        w, b = theta[: d * c].reshape(d, c), theta[d * c:]
+        w, b = theta[: d * c].reshape(d, c), theta[d * c :]
         z = x @ w + b
         z -= z.max(axis=1, keepdims=True)
         logp = z - np.log(np.exp(z).sum(axis=1, keepdims=True))
@@ -31,11 +33,12 @@ def fit_softmax(x: np.ndarray, y: np.ndarray, *, l2: float = 1e-3, max_iter: int
         return loss, np.concatenate([(x.T @ g + l2 * w).ravel(), g.sum(axis=0)])
 
     res = minimize(loss_grad, np.zeros(d * c + c), jac=True, method="L-BFGS-B", options={"maxiter": max_iter})
-    return res.x[: d * c].reshape(d, c), res.x[d * c:]
+    return res.x[: d * c].reshape(d, c), res.x[d * c :]
 
 
-def probe_accuracy(train_x: np.ndarray, train_y: np.ndarray, test_x: np.ndarray, test_y: np.ndarray,
-                   *, l2: float = 1e-3) -> float:
+def probe_accuracy(
+    train_x: np.ndarray, train_y: np.ndarray, test_x: np.ndarray, test_y: np.ndarray, *, l2: float = 1e-3
+) -> float:
     """Accuracy on ``test`` of a softmax classifier fitted on ``train`` (labels must appear in train)."""
     unknown = set(np.unique(test_y).tolist()) - set(np.unique(train_y).tolist())
     if unknown:

@@ -94,9 +94,7 @@ def evaluate_rank(
     """
     distmat = np.asarray(distmat)
     if distmat.ndim != 2:
-        raise ValueError(
-            f"distmat: expected a 2-D (num_q, num_g) array, found shape {distmat.shape}"
-        )
+        raise ValueError(f"distmat: expected a 2-D (num_q, num_g) array, found shape {distmat.shape}")
     if not (np.issubdtype(distmat.dtype, np.integer) or np.issubdtype(distmat.dtype, np.floating)):
         raise ValueError(f"distmat: expected a real numeric dtype, found {distmat.dtype}")
     num_q, num_g = distmat.shape
@@ -165,9 +163,7 @@ def default_chunk_size(num_g: int, bytes_per_item: int, max_same_pid: int = 0) -
 def _check_features(qf: np.ndarray, gf: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     qf, gf = np.asarray(qf), np.asarray(gf)
     if qf.ndim != 2 or gf.ndim != 2 or qf.shape[1] != gf.shape[1]:
-        raise ValueError(
-            f"features: expected qf (num_q, D) and gf (num_g, D), found {qf.shape} and {gf.shape}"
-        )
+        raise ValueError(f"features: expected qf (num_q, D) and gf (num_g, D), found {qf.shape} and {gf.shape}")
     dtype = np.result_type(qf.dtype, gf.dtype, np.float32)
     return qf.astype(dtype, copy=False), gf.astype(dtype, copy=False)
 
@@ -187,9 +183,7 @@ def _l2_normalise(x: np.ndarray) -> np.ndarray:
     return x / np.maximum(norms, 1e-12)[:, None]
 
 
-def _distance_block(
-    q: np.ndarray, prepared: tuple[np.ndarray, np.ndarray | None], metric: str
-) -> np.ndarray:
+def _distance_block(q: np.ndarray, prepared: tuple[np.ndarray, np.ndarray | None], metric: str) -> np.ndarray:
     g, g_sq = prepared
     if metric == "cosine":
         out = _l2_normalise(q) @ g.T
@@ -235,9 +229,7 @@ class _QueryPlan:
         for name, (arr, n) in arrays.items():
             found = np.shape(arr)
             if found != (n,):
-                raise ValueError(
-                    f"{name}: expected shape ({n},) to match distmat/features, found {found}"
-                )
+                raise ValueError(f"{name}: expected shape ({n},) to match distmat/features, found {found}")
         pid_code = np.unique(np.concatenate([q_pids, g_pids]), return_inverse=True)[1]
         cam_code = np.unique(np.concatenate([q_camids, g_camids]), return_inverse=True)[1]
         pair = pid_code.astype(np.int64) * (int(cam_code.max(initial=0)) + 1) + cam_code
@@ -258,7 +250,11 @@ def _count_equal(sorted_values: np.ndarray, keys: np.ndarray) -> tuple[np.ndarra
 
 
 def _evaluate(
-    block: Block, plan: _QueryPlan, max_rank: int, chunk_size: int | None, bytes_per_item: int,
+    block: Block,
+    plan: _QueryPlan,
+    max_rank: int,
+    chunk_size: int | None,
+    bytes_per_item: int,
     reread: bool = False,
 ) -> tuple[np.ndarray, float]:
     max_rank = _effective_max_rank(max_rank, plan.num_g)
@@ -395,7 +391,11 @@ def _original_rows(dist: np.ndarray, c: np.ndarray, resorted: int, again: Block 
 
 
 def _add_tied_before(
-    below: np.ndarray, equal: np.ndarray, dist: np.ndarray, thr: np.ndarray, idx: np.ndarray,
+    below: np.ndarray,
+    equal: np.ndarray,
+    dist: np.ndarray,
+    thr: np.ndarray,
+    idx: np.ndarray,
     rows_of: Callable[[np.ndarray], np.ndarray],
 ) -> None:
     """Exact ties: add the items whose distance equals the match's and whose index is smaller."""

@@ -54,8 +54,15 @@ def index_splits(name: str, splits: list[ReIDSplits]) -> TargetSet:
     return TargetSet(name, records, out)
 
 
-def load_target(name: str, reader: str, root: str | Path, *, num_splits: int = 10, seed: int = 0,
-                split_dir: str | Path | None = None) -> TargetSet:
+def load_target(
+    name: str,
+    reader: str,
+    root: str | Path,
+    *,
+    num_splits: int = 10,
+    seed: int = 0,
+    split_dir: str | Path | None = None,
+) -> TargetSet:
     data = build_reader(reader, root)
     if reader in UNSPLIT:
         path = Path(split_dir) / f"{name}_splits.json" if split_dir else None
@@ -72,8 +79,9 @@ def load_target(name: str, reader: str, root: str | Path, *, num_splits: int = 1
     return index_splits(name, splits)
 
 
-def score_target(target: TargetSet, features: np.ndarray, *, metric: str = "cosine",
-                 max_rank: int = 10, linear_probe: bool = False) -> dict[str, float]:
+def score_target(
+    target: TargetSet, features: np.ndarray, *, metric: str = "cosine", max_rank: int = 10, linear_probe: bool = False
+) -> dict[str, float]:
     """Rank-1/5/10 and mAP, mean (and ``_std``) over the target's splits.
 
     ``linear_probe``: also the accuracy of a softmax classifier fitted on each split's gallery
@@ -83,8 +91,9 @@ def score_target(target: TargetSet, features: np.ndarray, *, metric: str = "cosi
     camids = np.array([r.camid for r in target.records])
     per_split: dict[str, list[float]] = {}
     for q, g in target.splits:
-        cmc, mAP = evaluate_rank_features(features[q], features[g], pids[q], pids[g], camids[q], camids[g],
-                                          metric=metric, max_rank=max_rank)
+        cmc, mAP = evaluate_rank_features(
+            features[q], features[g], pids[q], pids[g], camids[q], camids[g], metric=metric, max_rank=max_rank
+        )
         for k in (1, 5, 10):
             if k <= len(cmc):
                 per_split.setdefault(f"R{k}", []).append(float(cmc[k - 1]))

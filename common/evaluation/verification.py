@@ -120,9 +120,7 @@ def tar_at_far(
     ``impostor_scores``: an array or chunks (see the module docstring); ``selection_options`` go
     to :func:`far_thresholds` (``collect_cap``, ``spool_dir``).
     """
-    points = verification_operating_points(
-        genuine_scores, impostor_scores, far_targets, **selection_options
-    )
+    points = verification_operating_points(genuine_scores, impostor_scores, far_targets, **selection_options)
     return {a: p.tar for a, p in points.items()}
 
 
@@ -362,9 +360,7 @@ class _Passes:
             if x.size == 0:
                 continue
             if not decided:
-                self.dtype = np.dtype(
-                    np.float32 if x.dtype in (np.float32, np.float16) else np.float64
-                )
+                self.dtype = np.dtype(np.float32 if x.dtype in (np.float32, np.float16) else np.float64)
                 self.nbits = self.dtype.itemsize * 8
                 decided = True
             x = self._work(x)

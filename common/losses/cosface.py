@@ -21,9 +21,7 @@ def cosine_similarity_logits(features: torch.Tensor, proxies: torch.Tensor) -> t
     return F.linear(F.normalize(features, dim=1), F.normalize(proxies, dim=1))
 
 
-def cosface_logits(
-    cosine: torch.Tensor, labels: torch.Tensor, s: float = 30.0, m: float = 0.4
-) -> torch.Tensor:
+def cosface_logits(cosine: torch.Tensor, labels: torch.Tensor, s: float = 30.0, m: float = 0.4) -> torch.Tensor:
     """s * (cos t_y - m) at the target column, s * cos t_j elsewhere: (B, K) -> (B, K).
 
     A label of -1 marks a row without a target (left as s * cos), as in insightface.
@@ -42,9 +40,7 @@ class CosFaceLoss(nn.Module):
         self.s = s
         self.m = m
 
-    def forward(
-        self, features: torch.Tensor, labels: torch.Tensor, proxies: torch.Tensor
-    ) -> torch.Tensor:
+    def forward(self, features: torch.Tensor, labels: torch.Tensor, proxies: torch.Tensor) -> torch.Tensor:
         logits = cosface_logits(cosine_similarity_logits(features, proxies), labels, self.s, self.m)
         return F.cross_entropy(logits, labels)
 

@@ -40,9 +40,7 @@ def select_hard_negatives(
     """
     local = _as_tensor(local_features, device)
     if local.ndim != 2 or local.shape[0] == 0:
-        raise ValueError(
-            f"local features must be a non-empty (N_local, d) matrix, got {tuple(local.shape)}"
-        )
+        raise ValueError(f"local features must be a non-empty (N_local, d) matrix, got {tuple(local.shape)}")
     local = F.normalize(local, dim=1)  # (N_loc, d)
 
     if isinstance(public_features, (np.ndarray, torch.Tensor)):

@@ -14,7 +14,9 @@ def expert_kd_loss(client_logits: torch.Tensor, expert_logits: torch.Tensor, tem
     gradient only reaches the client model.
     """
     if client_logits.shape != expert_logits.shape:
-        raise ValueError(f"logit shapes differ: client {tuple(client_logits.shape)} vs expert {tuple(expert_logits.shape)}")
+        raise ValueError(
+            f"logit shapes differ: client {tuple(client_logits.shape)} vs expert {tuple(expert_logits.shape)}"
+        )
     t = float(temperature)
     log_p = F.log_softmax(client_logits / t, dim=1)  # (B, Z) log P
     log_q = F.log_softmax(expert_logits.detach() / t, dim=1)  # (B, Z) log Q

@@ -54,15 +54,13 @@ def margin_bce_loss(
     )  # (B, K_l) one-hot; all False on a public (-1) row
     pos_term = F.softplus(-r * (g - m) - bias)  # log(1 + e^{-r(g(cos t_y) - m') - b})
     neg_term = F.softplus(r * (g + m) + bias)  # log(1 + e^{r(g(cos t_j) + m') + b})
-    per_sample = (lam / r) * torch.where(positive, pos_term, 0.0).sum(dim=1) + (
-        (1.0 - lam) / r
-    ) * torch.where(positive, 0.0, neg_term).sum(dim=1)
+    per_sample = (lam / r) * torch.where(positive, pos_term, 0.0).sum(dim=1) + ((1.0 - lam) / r) * torch.where(
+        positive, 0.0, neg_term
+    ).sum(dim=1)
     return per_sample.mean()
 
 
-def sphereface2_bias_init(
-    num_classes: int, lam: float = 0.7, r: float = 30.0, m: float = 0.4, t: float = 3.0
-) -> float:
+def sphereface2_bias_init(num_classes: int, lam: float = 0.7, r: float = 30.0, m: float = 0.4, t: float = 3.0) -> float:
     """SphereFace2's initial b: balances the positive and negative gradients at cos = 0.
 
     With z = lambda / ((1 - lambda)(K - 1)), a_y = r(g(0) - m), a_i = r(g(0) + m):

@@ -35,9 +35,7 @@ class DFC(nn.Module):
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:
         """cos t_j between Pi(f) and each branch: (B, d) -> (B, K_l)."""
-        return F.linear(
-            F.normalize(self.personalise(features), dim=1), F.normalize(self.omega, dim=1)
-        )
+        return F.linear(F.normalize(self.personalise(features), dim=1), F.normalize(self.omega, dim=1))
 
 
 def personalised_features(backbone: nn.Module, dfc: DFC, images: torch.Tensor) -> torch.Tensor:

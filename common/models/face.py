@@ -88,13 +88,9 @@ class SphereNet(nn.Module):
         return self.fc(torch.flatten(x, 1))  # (B, embedding_dim)
 
 
-def build_face_backbone(
-    name: str, embedding_dim: int = 512, input_size: tuple[int, int] = (112, 112)
-) -> SphereNet:
+def build_face_backbone(name: str, embedding_dim: int = 512, input_size: tuple[int, int] = (112, 112)) -> SphereNet:
     """One of :data:`FACE_BACKBONES` by name; an unknown name lists the valid ones."""
     if name not in FACE_BACKBONES:
-        raise KeyError(
-            f"unknown face backbone {name!r}; valid names: {', '.join(sorted(FACE_BACKBONES))}"
-        )
+        raise KeyError(f"unknown face backbone {name!r}; valid names: {', '.join(sorted(FACE_BACKBONES))}")
     layers, channels = FACE_BACKBONES[name]
     return SphereNet(layers, channels, embedding_dim, input_size)

@@ -23,8 +23,16 @@ SHARED_PREFIXES = ("backbone.", "public_proxies")  # Eq. (2) Theta and Eq. (4) P
 
 
 class FedFRModel(nn.Module):
-    def __init__(self, backbone: str, embedding_dim: int, image_size: int, num_public: int, num_local: int, *,
-                 bias_init: float = 0.0):
+    def __init__(
+        self,
+        backbone: str,
+        embedding_dim: int,
+        image_size: int,
+        num_public: int,
+        num_local: int,
+        *,
+        bias_init: float = 0.0,
+    ):
         super().__init__()
         self.backbone = build_face_backbone(backbone, embedding_dim, (image_size, image_size))
         self.public_proxies = nn.Parameter(torch.empty(num_public, embedding_dim))  # Phi_g, (K_g, d)
@@ -52,8 +60,11 @@ def fedfr_model(cfg: FedFRConfig, num_public: int, num_local: int = 0) -> FedFRM
 
 def fedfr_manifest(model: nn.Module) -> Manifest:
     """The ordered manifest of the shared floating tensors: backbone.* and public_proxies only."""
-    items = [(k, tuple(v.shape), str(v.dtype).replace("torch.", ""))
-             for k, v in model.state_dict().items() if k.startswith(SHARED_PREFIXES) and v.is_floating_point()]
+    items = [
+        (k, tuple(v.shape), str(v.dtype).replace("torch.", ""))
+        for k, v in model.state_dict().items()
+        if k.startswith(SHARED_PREFIXES) and v.is_floating_point()
+    ]
     return manifest_of(model, items)  # learnable vs buffers: white noise only on the former
 
 

@@ -51,8 +51,11 @@ def warn_if_random(choice: str | None, who: str = "model.pretrained") -> bool:
     """Print (stderr, via logging) that the embedding starts from random weights; True when it does."""
     if normalize_pretrained(choice) != "none":
         return False
-    log.warning("%s=none: the embedding starts from RANDOM weights, not the paper's ImageNet "
-                "initialisation (recorded as embedding_init=random in config.json and metrics.json)", who)
+    log.warning(
+        "%s=none: the embedding starts from RANDOM weights, not the paper's ImageNet "
+        "initialisation (recorded as embedding_init=random in config.json and metrics.json)",
+        who,
+    )
     return True
 
 
@@ -68,8 +71,10 @@ def backbone_state_dict(backbone: str, choice: str) -> dict[str, torch.Tensor]:
         raise ValueError("model.pretrained=none has no weights to load")
     if choice == "imagenet":
         if backbone not in IMAGENET_WEIGHTS:
-            raise PretrainedWeightsError(f"model.pretrained=imagenet: no ImageNet weights known for backbone "
-                                         f"{backbone!r}; valid: {sorted(IMAGENET_WEIGHTS)}")
+            raise PretrainedWeightsError(
+                f"model.pretrained=imagenet: no ImageNet weights known for backbone "
+                f"{backbone!r}; valid: {sorted(IMAGENET_WEIGHTS)}"
+            )
         weights = IMAGENET_WEIGHTS[backbone]
         cache = Path(torch.hub.get_dir()) / "checkpoints"
         try:

@@ -64,7 +64,8 @@ class ReIDModel(nn.Module):
         return self.head(self.embedding(x))
 
 
-def build_model(backbone: str, num_classes: int, *, hidden: int = 512, dropout: float = 0.5,
-                activation: str = "relu") -> ReIDModel:
+def build_model(
+    backbone: str, num_classes: int, *, hidden: int = 512, dropout: float = 0.5, activation: str = "relu"
+) -> ReIDModel:
     emb = Embedding(backbone)
     return ReIDModel(emb, MappingHead(emb.dim, num_classes, hidden, dropout, activation))

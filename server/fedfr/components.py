@@ -41,10 +41,21 @@ def build_components(cfg: ExperimentConfig) -> ServerAppComponents:
     evaluator = None
     if cfg.fedfr.ijbc_root and cfg.eval.every > 0:
         evaluator = GenericEvaluator(cfg, model.num_public, torch.device(cfg.eval.device))
-    reporter = RoundReporter(cfg, evaluator, list(manifest.keys), manifest.hash,
-                             metrics_rows=ck.metrics if ck else None, elapsed_s=ck.elapsed_s if ck else 0.0)
-    log.info("FedFR run: %d rounds, %d sites, K_g=%d public identities, shared %s", cfg.rounds, len(cfg.sites),
-             model.num_public, manifest.describe())
+    reporter = RoundReporter(
+        cfg,
+        evaluator,
+        list(manifest.keys),
+        manifest.hash,
+        metrics_rows=ck.metrics if ck else None,
+        elapsed_s=ck.elapsed_s if ck else 0.0,
+    )
+    log.info(
+        "FedFR run: %d rounds, %d sites, K_g=%d public identities, shared %s",
+        cfg.rounds,
+        len(cfg.sites),
+        model.num_public,
+        manifest.describe(),
+    )
     strategy = FedFRStrategy(
         manifest=manifest,
         initial_arrays=initial,

@@ -32,7 +32,7 @@ from common.datasets import face_split, synthetic_faces
 from common.datasets.face_split import plan_split, read_identities, write_split
 from common.datasets.fingerprint import MARKER, data_fingerprint, is_current, mark_complete
 from common.datasets.synthetic_faces import write_identity_folders, write_ijbc_layout
-from server.sim import simulation_overrides, site_list
+from server.launch import simulation_overrides, site_list
 
 # The IJB-C-style set is written as aligned 112x112 crops without landmarks (what the evaluation
 # accepts without meta/ijbc_name_5pts_score.txt); the evaluation resizes them to fedfr.image_size.
@@ -57,27 +57,44 @@ def write_data(data: Path, sites: list[str], a: argparse.Namespace) -> dict[str,
         # public identities 0..K_g-1, the sites' people K_g.., the IJB-C-style subjects after them
         write_identity_folders(data / "public", a.public_ids, a.public_images, size=a.size, seed=a.seed)
         n_site_ids = len(sites) * a.ids_per_site
-        write_identity_folders(data / "source", n_site_ids, a.train + a.test, size=a.size, seed=a.seed,
-                               first_identity=a.public_ids)
-        plan = plan_split(read_identities(data / "source"), num_public=0, num_clients=len(sites),
-                          ids_per_client=a.ids_per_site, train_per_id=a.train, test_per_id=a.test, seed=a.seed)
+        write_identity_folders(
+            data / "source", n_site_ids, a.train + a.test, size=a.size, seed=a.seed, first_identity=a.public_ids
+        )
+        plan = plan_split(
+            read_identities(data / "source"),
+            num_public=0,
+            num_clients=len(sites),
+            ids_per_client=a.ids_per_site,
+            train_per_id=a.train,
+            test_per_id=a.test,
+            seed=a.seed,
+        )
         plan.sites = dict(zip(sites, plan.sites.values()))  # name the clients as the sites
         write_split(plan, data / "split")
-        write_ijbc_layout(data / "ijbc", a.ijbc_subjects, size=IJBC_SIZE, seed=a.seed,
-                          first_identity=a.public_ids + n_site_ids)
+        write_ijbc_layout(
+            data / "ijbc", a.ijbc_subjects, size=IJBC_SIZE, seed=a.seed, first_identity=a.public_ids + n_site_ids
+        )
         mark_complete(data, fp, params)
-    return {"public": data / "public", "ijbc": data / "ijbc",
-            **{s: data / "split" / "clients" / s for s in sites}}
+    return {"public": data / "public", "ijbc": data / "ijbc", **{s: data / "split" / "clients" / s for s in sites}}
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m server.fedfr.demo", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m server.fedfr.demo", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--out", default="runs/fedfr-demo", help="run folder (data/, state/, logs, outputs)")
-    p.add_argument("--sites", nargs="+", default=["face1", "face2", "face3", "face4"],
-                   help="site names (conf/site/*.yaml), or a number N of virtual sites (--engine simulation)")
-    p.add_argument("--engine", choices=("deployment", "simulation"), default="deployment",
-                   help="Flower runtime of the federated rounds: deployment (a process per site) or simulation (Ray)")
+    p.add_argument(
+        "--sites",
+        nargs="+",
+        default=["face1", "face2", "face3", "face4"],
+        help="site names (conf/site/*.yaml), or a number N of virtual sites (--engine simulation)",
+    )
+    p.add_argument(
+        "--engine",
+        choices=("deployment", "simulation"),
+        default="deployment",
+        help="Flower runtime of the federated rounds: deployment (a process per site) or simulation (Ray)",
+    )
     p.add_argument("--public-ids", type=int, default=100, help="K_g public identities")
     p.add_argument("--public-images", type=int, default=20, help="images per public identity")
     p.add_argument("--ids-per-site", type=int, default=15, help="K_l identities per site")
@@ -99,18 +116,30 @@ def main(argv: list[str] | None = None) -> None:
         shutil.rmtree(out / "state" / site, ignore_errors=True)
     address = f"127.0.0.1:{a.port or processes.free_port()}"
     common_overrides = [
-        "experiment=fedfr-demo", f"run_dir={out}", f"sites=[{','.join(a.sites)}]", f"seed={a.seed}",
-        f"strategy.min_available_sites={len(a.sites)}", f"fedfr.image_size={a.size}",
-        f"fedfr.public_root={roots['public']}", f"fedfr.ijbc_root={roots['ijbc']}",
+        "experiment=fedfr-demo",
+        f"run_dir={out}",
+        f"sites=[{','.join(a.sites)}]",
+        f"seed={a.seed}",
+        f"strategy.min_available_sites={len(a.sites)}",
+        f"fedfr.image_size={a.size}",
+        f"fedfr.public_root={roots['public']}",
+        f"fedfr.ijbc_root={roots['ijbc']}",
         *[f"++fedfr.eval_sites.{s}.data_root={roots[s]}" for s in a.sites],
         *[f"++fedfr.eval_sites.{s}.state_dir={out / 'state' / s}" for s in a.sites],
-        *(simulation_overrides({s: ("face_site", roots[s], out / "state" / s) for s in a.sites}, roots["public"])
-          if a.engine == "simulation" else []),
+        *(
+            simulation_overrides({s: ("face_site", roots[s], out / "state" / s) for s in a.sites}, roots["public"])
+            if a.engine == "simulation"
+            else []
+        ),
         *overrides,
     ]
     py = sys.executable
-    code = subprocess.call([py, "-m", "server.main", *common_overrides, "fedfr.stage=pretrain"], cwd=REPO_ROOT,
-                           env=processes.tool_env(), timeout=a.timeout)
+    code = subprocess.call(
+        [py, "-m", "server.main", *common_overrides, "fedfr.stage=pretrain"],
+        cwd=REPO_ROOT,
+        env=processes.tool_env(),
+        timeout=a.timeout,
+    )
     if code != 0:
         sys.exit(code)
     print(f"sim_fedfr: pre-trained ({time.time() - t0:.0f}s)", flush=True)
@@ -122,14 +151,35 @@ def main(argv: list[str] | None = None) -> None:
 
     signal.signal(signal.SIGTERM, lambda *_: (shutdown(), sys.exit(143)))
     try:
-        server = processes.start([py, "-m", "server.main", *common_overrides, f"superlink.address={address}",
-                                  "superlink.insecure=true"], processes.tool_env(), cwd=REPO_ROOT)
+        server = processes.start(
+            [py, "-m", "server.main", *common_overrides, f"superlink.address={address}", "superlink.insecure=true"],
+            processes.tool_env(),
+            cwd=REPO_ROOT,
+        )
         procs.append(server)
         for site in a.sites if a.engine == "deployment" else []:  # simulation: virtual sites in Ray workers
-            cmd = [py, "-m", "client.main", "--site", site, "--superlink", address, "--insecure",
-                   "--data-root", str(roots[site]), "--reader", "face_site", "--public-root", str(roots["public"]),
-                   "--state-dir", str(out / "state" / site), "--port", str(processes.free_port()),
-                   "--max-wait-time", "120"]
+            cmd = [
+                py,
+                "-m",
+                "client.main",
+                "--site",
+                site,
+                "--superlink",
+                address,
+                "--insecure",
+                "--data-root",
+                str(roots[site]),
+                "--reader",
+                "face_site",
+                "--public-root",
+                str(roots["public"]),
+                "--state-dir",
+                str(out / "state" / site),
+                "--port",
+                str(processes.free_port()),
+                "--max-wait-time",
+                "120",
+            ]
             procs.append(processes.start(cmd, processes.tool_env(), log_path=out / f"site_{site}.log", cwd=REPO_ROOT))
         try:
             code = server.wait(timeout=a.timeout)

@@ -77,8 +77,9 @@ class GenericEvaluator:
         return out
 
 
-def generic_metrics(backbone: nn.Module, meta: IJBCMeta, cfg: ExperimentConfig, device: torch.device
-                    ) -> dict[str, float]:
+def generic_metrics(
+    backbone: nn.Module, meta: IJBCMeta, cfg: ExperimentConfig, device: torch.device
+) -> dict[str, float]:
     """TAR@FAR (1:1) and TPIR@FPIR / rank-k (1:N, ``fedfr.ijbc_identification``) of ``backbone``.
 
     Images aligned by their landmarks (or aligned 112x112 crops), raw features (their norm acts as
@@ -87,8 +88,15 @@ def generic_metrics(backbone: nn.Module, meta: IJBCMeta, cfg: ExperimentConfig, 
     """
     f = cfg.fedfr
     check_generic_protocol(meta, f)
-    chunks = embed_dataset_chunks(backbone, IJBCImages(meta, f.image_size), batch_size=cfg.eval.batch_size,
-                                  device=device, num_workers=cfg.train.num_workers, normalize=False, flip=f.ijbc_flip)
+    chunks = embed_dataset_chunks(
+        backbone,
+        IJBCImages(meta, f.image_size),
+        batch_size=cfg.eval.batch_size,
+        device=device,
+        num_workers=cfg.train.num_workers,
+        normalize=False,
+        flip=f.ijbc_flip,
+    )
     feats = np.concatenate(list(chunks))
     weights = meta.scores if f.ijbc_detector_score else None
     ids, tfeats = template_features(feats, meta.templates, meta.medias, weights)
@@ -109,10 +117,15 @@ def check_generic_protocol(meta: IJBCMeta, f: FedFRConfig) -> None:
 
 def generic_protocol(meta: IJBCMeta, f: FedFRConfig) -> dict[str, object]:
     """How the generic numbers were computed (written next to them)."""
-    return {"alignment": f"5-point similarity to the ArcFace template ({meta.landmarks_file})" if meta.landmarks
-            is not None else "none: aligned 112x112 crops", "detector_score": bool(f.ijbc_detector_score),
-            "flip": bool(f.ijbc_flip), "identification": f.ijbc_identification,
-            "tar_at_far": "exact: smallest threshold with FAR <= target"}
+    return {
+        "alignment": f"5-point similarity to the ArcFace template ({meta.landmarks_file})"
+        if meta.landmarks is not None
+        else "none: aligned 112x112 crops",
+        "detector_score": bool(f.ijbc_detector_score),
+        "flip": bool(f.ijbc_flip),
+        "identification": f.ijbc_identification,
+        "tar_at_far": "exact: smallest threshold with FAR <= target",
+    }
 
 
 @dataclass
@@ -132,8 +145,9 @@ def eval_sites(cfg: ExperimentConfig) -> list[EvalSite]:
     return out
 
 
-def personalised_metrics(models: Sequence[nn.Module] | nn.Module, sites: list[EvalSite], cfg: ExperimentConfig,
-                         device: torch.device) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
+def personalised_metrics(
+    models: Sequence[nn.Module] | nn.Module, sites: list[EvalSite], cfg: ExperimentConfig, device: torch.device
+) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
     """Mean over sites and per-site metrics; ``models``: one per site, or one for all."""
     f = cfg.fedfr
     kw = {"image_size": f.image_size, "batch_size": cfg.eval.batch_size, "device": device}
@@ -148,12 +162,17 @@ def personalised_metrics(models: Sequence[nn.Module] | nn.Module, sites: list[Ev
     per_site = {}
     for i, s in enumerate(sites):
         model = models if shared else models[i]
-        sf = SiteFeatures(embed(model, s.data.train, **kw), np.array([r.pid for r in s.data.train]), probes(model),
-                          [np.array([r.pid for r in t.data.test]) for t in sites])
+        sf = SiteFeatures(
+            embed(model, s.data.train, **kw),
+            np.array([r.pid for r in s.data.train]),
+            probes(model),
+            [np.array([r.pid for r in t.data.test]) for t in sites],
+        )
         if not shared:
             cache.clear()  # a site's own model embeds every site's probes once
-        per_site[s.name] = personalised_site_metrics(i, sf, f.far_targets, f.personal_fpir_targets, f.ranks,
-                                                     f.max_genuine_pairs_per_site)
+        per_site[s.name] = personalised_site_metrics(
+            i, sf, f.far_targets, f.personal_fpir_targets, f.ranks, f.max_genuine_pairs_per_site
+        )
     return mean_over_sites(per_site), per_site
 
 
@@ -163,8 +182,7 @@ def site_models(sites: list[EvalSite], f: FedFRConfig, num_public: int) -> tuple
     manifest_hash = expected_fedfr_manifest(f, num_public).hash
     for s in sites:
         # a state of another model or another number of identities is a clear error, not a shape mismatch
-        st = load_fedfr_state(s.state_dir, site=s.name, manifest_hash=manifest_hash,
-                              num_local=s.data.num_identities)
+        st = load_fedfr_state(s.state_dir, site=s.name, manifest_hash=manifest_hash, num_local=s.data.num_identities)
         if st is None or st.model is None:
             print(f"fedeval: site {s.name} has no FedFR state in {s.state_dir}: no personalised rows", flush=True)
             return None
@@ -246,9 +264,11 @@ def write_reports(results: dict, run_dir: Path, f: FedFRConfig) -> None:
         atomic_write_bytes(run_dir / "fedfr_eval_generic.csv", c.encode())
         one_n = {"nist": "mean of G1, G2 (NIST open set)", "insightface": "G1+G2, insightface's ijb_1n"}
         p = results.get("generic_protocol", {})
-        how = (f"1:N {one_n.get(p.get('identification', 'nist'))}; detector-score weighting "
-               f"{'on' if p.get('detector_score') else 'off'}; flip {'on' if p.get('flip') else 'off'}; "
-               f"alignment: {p.get('alignment', '?')}")
+        how = (
+            f"1:N {one_n.get(p.get('identification', 'nist'))}; detector-score weighting "
+            f"{'on' if p.get('detector_score') else 'off'}; flip {'on' if p.get('flip') else 'off'}; "
+            f"alignment: {p.get('alignment', '?')}"
+        )
         text += ["## Generic model, IJB-C-style 1:1 (TAR@FAR) and 1:N, %", "", how, "", md, ""]
     personal_tpir = [f"TPIR@FPIR={a:g}" for a in f.personal_fpir_targets]
     md, c = _table(results["personalised"], tar + personal_tpir + rank)

@@ -72,8 +72,9 @@ def pretrain_lr(f: FedFRConfig, epoch: int, step: int) -> float:
     return lr
 
 
-def pretrain(public: FaceFolder, f: FedFRConfig, *, seed: int, device: torch.device, num_workers: int = 0,
-             on_epoch=None) -> tuple[FedFRModel, list[dict[str, float]]]:
+def pretrain(
+    public: FaceFolder, f: FedFRConfig, *, seed: int, device: torch.device, num_workers: int = 0, on_epoch=None
+) -> tuple[FedFRModel, list[dict[str, float]]]:
     """CosFace training of [Theta, Phi] on ``public`` for ``f.pretrain_epochs`` epochs."""
     seed_everything(seed)
     model = fedfr_model(f, public.num_identities, 0).to(device)
@@ -82,8 +83,14 @@ def pretrain(public: FaceFolder, f: FedFRConfig, *, seed: int, device: torch.dev
     opt = torch.optim.SGD(params, lr=pretrain_lr(f, 1, 0), momentum=0.9, weight_decay=f.weight_decay)
     ds = FaceImages(public.records, face_transform(f.image_size, train=True, flip=f.flip))
     g = torch.Generator().manual_seed(stable_seed(seed, "pretrain-loader"))
-    loader = DataLoader(ds, batch_size=f.pretrain_batch_size, shuffle=True, generator=g,
-                        drop_last=len(ds) > f.pretrain_batch_size, num_workers=num_workers)
+    loader = DataLoader(
+        ds,
+        batch_size=f.pretrain_batch_size,
+        shuffle=True,
+        generator=g,
+        drop_last=len(ds) > f.pretrain_batch_size,
+        num_workers=num_workers,
+    )
     history, global_step = [], 0
     for epoch in range(1, f.pretrain_epochs + 1):
         t0, total, correct, seen, steps = time.perf_counter(), 0.0, 0, 0, 0
@@ -107,16 +114,25 @@ def pretrain(public: FaceFolder, f: FedFRConfig, *, seed: int, device: torch.dev
                 norm_sum += float(norms.sum())
                 norm_max = max(norm_max, float(norms.max()))
             with torch.no_grad():
-                pred = (torch.nn.functional.normalize(feats, dim=1)
-                        @ torch.nn.functional.normalize(model.public_proxies, dim=1).T).argmax(1)
+                pred = (
+                    torch.nn.functional.normalize(feats, dim=1)
+                    @ torch.nn.functional.normalize(model.public_proxies, dim=1).T
+                ).argmax(1)
             total += loss.item()
             correct += int((pred == y).sum())
             seen += len(y)
             steps += 1
         # lr: of the epoch's last step; feature norms |Theta(x)| before the step (mean, max)
-        row = {"epoch": epoch, "loss": total / max(steps, 1), "acc": correct / max(seen, 1), "lr": lr,
-               "feature_norm": norm_sum / max(seen, 1), "feature_norm_max": norm_max, "steps": steps,
-               "seconds": time.perf_counter() - t0}
+        row = {
+            "epoch": epoch,
+            "loss": total / max(steps, 1),
+            "acc": correct / max(seen, 1),
+            "lr": lr,
+            "feature_norm": norm_sum / max(seen, 1),
+            "feature_norm_max": norm_max,
+            "steps": steps,
+            "seconds": time.perf_counter() - t0,
+        }
         history.append(row)
         if on_epoch is not None:
             on_epoch(row)
@@ -133,20 +149,38 @@ def pretrain_main(cfg: ExperimentConfig) -> int:
         torch.set_num_threads(cfg.train.threads)
     public = FaceFolder(f.public_root)
     out = pretrained_path(cfg)
-    print(f"fedserver: pre-training {f.backbone} ({f.embedding_dim}-d, {f.image_size}px) with CosFace "
-          f"(s={f.s}, m={f.m}) on {public.summary()}, {f.pretrain_epochs} epochs", flush=True)
+    print(
+        f"fedserver: pre-training {f.backbone} ({f.embedding_dim}-d, {f.image_size}px) with CosFace "
+        f"(s={f.s}, m={f.m}) on {public.summary()}, {f.pretrain_epochs} epochs",
+        flush=True,
+    )
 
     def show(r: dict) -> None:
-        print(f"[pretrain epoch {r['epoch']}/{f.pretrain_epochs}] loss={r['loss']:.3f} acc={100 * r['acc']:.1f} "
-              f"lr={r['lr']:.4g} |f|={r['feature_norm']:.3g} ({r['seconds']:.1f}s)", flush=True)
+        print(
+            f"[pretrain epoch {r['epoch']}/{f.pretrain_epochs}] loss={r['loss']:.3f} acc={100 * r['acc']:.1f} "
+            f"lr={r['lr']:.4g} |f|={r['feature_norm']:.3g} ({r['seconds']:.1f}s)",
+            flush=True,
+        )
 
-    model, history = pretrain(public, f, seed=cfg.seed, device=torch.device(cfg.eval.device),
-                              num_workers=cfg.train.num_workers, on_epoch=show)
-    atomic_torch_save({
-        "state_dict_backbone": model.backbone.state_dict(), "public_proxies": model.public_proxies.detach().clone(),
-        "public_identities": public.names, "public_hash": public.identity_hash(), "backbone": f.backbone,
-        "embedding_dim": f.embedding_dim, "image_size": f.image_size, "history": history, "config": cfg.to_dict(),
-    }, out)
-    print(f"fedserver: generic model Theta_g^0 and Phi_g ({public.num_identities} public identities) "
-          f"written to {out}", flush=True)
+    model, history = pretrain(
+        public, f, seed=cfg.seed, device=torch.device(cfg.eval.device), num_workers=cfg.train.num_workers, on_epoch=show
+    )
+    atomic_torch_save(
+        {
+            "state_dict_backbone": model.backbone.state_dict(),
+            "public_proxies": model.public_proxies.detach().clone(),
+            "public_identities": public.names,
+            "public_hash": public.identity_hash(),
+            "backbone": f.backbone,
+            "embedding_dim": f.embedding_dim,
+            "image_size": f.image_size,
+            "history": history,
+            "config": cfg.to_dict(),
+        },
+        out,
+    )
+    print(
+        f"fedserver: generic model Theta_g^0 and Phi_g ({public.num_identities} public identities) written to {out}",
+        flush=True,
+    )
     return 0

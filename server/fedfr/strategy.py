@@ -40,10 +40,17 @@ class FedFRStrategy(FedReIDStrategy):
     def reply_count(self, site: str, res: FitRes, metrics: dict[str, float]) -> float:
         own = metrics.get("own_images")
         if own is None or own != res.num_examples or res.num_examples <= 0:
-            raise ValueError(f"weight num_examples={res.num_examples} is not the site's own image count "
-                             f"(own_images={own}): public hard negatives must not count (Eq. 2/4)")
+            raise ValueError(
+                f"weight num_examples={res.num_examples} is not the site's own image count "
+                f"(own_images={own}): public hard negatives must not count (Eq. 2/4)"
+            )
         count = super().reply_count(site, res, metrics)
         if count != res.num_examples:
-            log.info("round weights: site %s reports %d own images, weighted by %s (%s)", site, res.num_examples,
-                     f"{count:g}", "strategy.site_images" if site in self.site_images else "its first count")
+            log.info(
+                "round weights: site %s reports %d own images, weighted by %s (%s)",
+                site,
+                res.num_examples,
+                f"{count:g}",
+                "strategy.site_images" if site in self.site_images else "its first count",
+            )
         return count

@@ -13,8 +13,11 @@ def check_initial_weights(cfg: ExperimentConfig) -> None:
     """Before any process starts: the ImageNet weights are in the torch cache (fetched once if not)
     or in the given file and fit the backbone; ``none`` is printed as a warning."""
     if cfg.model.pretrained == "none":
-        print("fedserver: WARNING: model.pretrained=none: the embedding starts from random weights, not the "
-              "paper's ImageNet initialisation (recorded as embedding_init=random in metrics.json)", file=sys.stderr)
+        print(
+            "fedserver: WARNING: model.pretrained=none: the embedding starts from random weights, not the "
+            "paper's ImageNet initialisation (recorded as embedding_init=random in metrics.json)",
+            file=sys.stderr,
+        )
         return
     try:
         initial_model(cfg)

@@ -30,12 +30,22 @@ def build_scorer(cfg: ExperimentConfig, manifest: Manifest, run_dir: Path):
     if not cfg.eval.targets:
         return None
     e = cfg.eval
-    targets = [load_target(name, t.reader, t.root, num_splits=t.num_splits, seed=cfg.seed, split_dir=run_dir / "splits")
-               for name, t in e.targets.items()]
-    evaluator = ReIDEvaluator(targets, height=cfg.model.height, width=cfg.model.width,
-                              device=torch.device(e.device), batch_size=e.batch_size, flip=e.flip,
-                              normalize=e.normalize, metric=e.metric, max_rank=e.max_rank,
-                              linear_probe=e.linear_probe)
+    targets = [
+        load_target(name, t.reader, t.root, num_splits=t.num_splits, seed=cfg.seed, split_dir=run_dir / "splits")
+        for name, t in e.targets.items()
+    ]
+    evaluator = ReIDEvaluator(
+        targets,
+        height=cfg.model.height,
+        width=cfg.model.width,
+        device=torch.device(e.device),
+        batch_size=e.batch_size,
+        flip=e.flip,
+        normalize=e.normalize,
+        metric=e.metric,
+        max_rank=e.max_rank,
+        linear_probe=e.linear_probe,
+    )
     model = model_for(cfg, 1)
     return lambda arrays: evaluate_arrays(evaluator, model, lambda m, a: set_shared(m, manifest, a), arrays)
 
@@ -51,11 +61,24 @@ def build_components(cfg: ExperimentConfig) -> ServerAppComponents:
         initial = get_shared(model, manifest)
     else:
         initial, init = ck.arrays, describe_init(cfg.model.pretrained)
-    reporter = RoundReporter(cfg, build_scorer(cfg, manifest, run_dir), list(manifest.keys), manifest.hash,
-                             metrics_rows=ck.metrics if ck else None, elapsed_s=ck.elapsed_s if ck else 0.0,
-                             embedding_init=init)
-    log.info("FedReID run: %d rounds, %d sites, S=%s, beta=%s, mode=%s, shared %s", cfg.rounds, len(cfg.sites),
-             cfg.strategy.fraction, cfg.privacy.beta, cfg.strategy.mode, manifest.describe())
+    reporter = RoundReporter(
+        cfg,
+        build_scorer(cfg, manifest, run_dir),
+        list(manifest.keys),
+        manifest.hash,
+        metrics_rows=ck.metrics if ck else None,
+        elapsed_s=ck.elapsed_s if ck else 0.0,
+        embedding_init=init,
+    )
+    log.info(
+        "FedReID run: %d rounds, %d sites, S=%s, beta=%s, mode=%s, shared %s",
+        cfg.rounds,
+        len(cfg.sites),
+        cfg.strategy.fraction,
+        cfg.privacy.beta,
+        cfg.strategy.mode,
+        manifest.describe(),
+    )
     mode = mode_of(cfg.strategy.mode)  # common/config/modes.py: FedReID and its baselines
     extra = {"head_size": cfg.strategy.fedavg_num_classes} if mode.common_head else {}
     strategy = (FedAvgStrategy if mode.common_head else FedReIDStrategy)(

@@ -20,12 +20,30 @@ log = logging.getLogger("fedserver")
 class ReIDEvaluator:
     """Scores an embedding network on loaded ``TargetSet``s (features once per image)."""
 
-    def __init__(self, targets: list[TargetSet], *, height: int, width: int, device: torch.device,
-                 batch_size: int = 128, flip: bool = False, normalize: bool = True, metric: str = "cosine",
-                 max_rank: int = 10, progress: bool = False, linear_probe: bool = False):
+    def __init__(
+        self,
+        targets: list[TargetSet],
+        *,
+        height: int,
+        width: int,
+        device: torch.device,
+        batch_size: int = 128,
+        flip: bool = False,
+        normalize: bool = True,
+        metric: str = "cosine",
+        max_rank: int = 10,
+        progress: bool = False,
+        linear_probe: bool = False,
+    ):
         self.targets = targets
-        self.kw = {"height": height, "width": width, "device": device, "batch_size": batch_size, "flip": flip,
-                   "normalize": normalize}
+        self.kw = {
+            "height": height,
+            "width": width,
+            "device": device,
+            "batch_size": batch_size,
+            "flip": flip,
+            "normalize": normalize,
+        }
         self.metric = metric
         self.max_rank = max_rank
         self.linear_probe = linear_probe
@@ -37,8 +55,7 @@ class ReIDEvaluator:
         out: dict[str, float] = {}
         for t in self.targets:
             feats = extract_features(embedding, t.records, progress=t.name if self.progress else None, **self.kw)
-            out |= score_target(t, feats, metric=self.metric, max_rank=self.max_rank,
-                                linear_probe=self.linear_probe)
+            out |= score_target(t, feats, metric=self.metric, max_rank=self.max_rank, linear_probe=self.linear_probe)
         return out | mean_over_targets(out, [t.name for t in self.targets])
 
 

@@ -35,8 +35,14 @@ def ask_identities(proxy: ClientProxy, timeout_s: float) -> tuple[str, int]:
 
 
 class FedAvgStrategy(FedReIDStrategy):
-    def __init__(self, *, sites: list[str], head_size: int,
-                 ask: Callable[[ClientProxy, float], tuple[str, int]] = ask_identities, **kwargs) -> None:
+    def __init__(
+        self,
+        *,
+        sites: list[str],
+        head_size: int,
+        ask: Callable[[ClientProxy, float], tuple[str, int]] = ask_identities,
+        **kwargs,
+    ) -> None:
         super().__init__(sites=sites, **kwargs)
         self.sites = list(sites)  # the configured order: it decides the label offsets
         self.head_size = head_size
@@ -70,17 +76,30 @@ class FedAvgStrategy(FedReIDStrategy):
             self.counts[self.roster.site_of(proxy.cid)] = count
         missing = [s for s in self.sites if s not in self.counts]
         if missing:
-            raise RuntimeError(f"fedavg needs every site's identity count for its label offsets; no answer from "
-                               f"{missing} within {self.wait_for_sites_s:.0f}s (wait_for_sites_s)")
+            raise RuntimeError(
+                f"fedavg needs every site's identity count for its label offsets; no answer from "
+                f"{missing} within {self.wait_for_sites_s:.0f}s (wait_for_sites_s)"
+            )
         total = sum(self.counts[s] for s in self.sites)
         if total > self.head_size:
-            raise ValueError(f"the sites hold {total} identities ({self.counts}), more than the common head's "
-                             f"strategy.fedavg_num_classes={self.head_size}: set it to {total}")
-        log.info("fedavg census: identities per site %s, label offsets %s (%d of %d logits used)", self.counts,
-                 label_offsets(self.counts, self.sites), total, self.head_size)
+            raise ValueError(
+                f"the sites hold {total} identities ({self.counts}), more than the common head's "
+                f"strategy.fedavg_num_classes={self.head_size}: set it to {total}"
+            )
+        log.info(
+            "fedavg census: identities per site %s, label offsets %s (%d of %d logits used)",
+            self.counts,
+            label_offsets(self.counts, self.sites),
+            total,
+            self.head_size,
+        )
         if total < self.head_size:
-            log.warning("fedavg: %d logits of the common head belong to no identity; "
-                        "strategy.fedavg_num_classes=%d gives one logit per identity", self.head_size - total, total)
+            log.warning(
+                "fedavg: %d logits of the common head belong to no identity; "
+                "strategy.fedavg_num_classes=%d gives one logit per identity",
+                self.head_size - total,
+                total,
+            )
 
     def _ask(self, proxy: ClientProxy) -> tuple[str, int] | None:
         try:

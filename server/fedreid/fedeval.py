@@ -2,7 +2,7 @@
 
     fedeval checkpoint=runs/x/global_final.pt targets=[viper,ilids,3dpes,caviar,grid,cuhksysu] data_root=/data
     fedeval checkpoint=[a.pt,b.pt] targets=[viper] viper.root=/data/VIPeR flip=true out=results/
-    
+
 Options (KEY=VALUE):
   checkpoint   one path or a list [a.pt,b.pt]: global checkpoints written by fedserver
   targets      list of dataset names (readers: market1501 dukemtmc cuhk03 msmt17 viper ilids 3dpes
@@ -35,13 +35,32 @@ from common.models.builder import model_for
 from server.fedreid.evaluate import ReIDEvaluator
 
 DEFAULTS: dict[str, Any] = {
-    "task": "fedreid", "checkpoint": None, "targets": ["viper", "ilids", "3dpes", "caviar", "grid", "cuhksysu"],
-    "data_root": "data", "splits": 10, "seed": 0, "flip": False, "metric": "cosine", "normalize": True,
-    "device": "cpu", "batch_size": 128, "out": None, "max_rank": 10,
+    "task": "fedreid",
+    "checkpoint": None,
+    "targets": ["viper", "ilids", "3dpes", "caviar", "grid", "cuhksysu"],
+    "data_root": "data",
+    "splits": 10,
+    "seed": 0,
+    "flip": False,
+    "metric": "cosine",
+    "normalize": True,
+    "device": "cpu",
+    "batch_size": 128,
+    "out": None,
+    "max_rank": 10,
 }
-PAPER_NAMES = {"viper": "VIPeR", "ilids": "iLIDS", "3dpes": "3DPeS", "caviar": "CAVIAR", "grid": "GRID",
-               "cuhksysu": "CUHK-SYSU", "market1501": "Market-1501", "dukemtmc": "DukeMTMC", "cuhk03": "CUHK03",
-               "msmt17": "MSMT17"}
+PAPER_NAMES = {
+    "viper": "VIPeR",
+    "ilids": "iLIDS",
+    "3dpes": "3DPeS",
+    "caviar": "CAVIAR",
+    "grid": "GRID",
+    "cuhksysu": "CUHK-SYSU",
+    "market1501": "Market-1501",
+    "dukemtmc": "DukeMTMC",
+    "cuhk03": "CUHK03",
+    "msmt17": "MSMT17",
+}
 
 
 def parse_args(argv: list[str]) -> dict[str, Any]:
@@ -86,7 +105,11 @@ def load_embedding(path: str | Path, device: torch.device):
 
 
 def table_rows(results: dict[str, dict[str, float]], targets: list[str]) -> tuple[list[str], list[list[str]]]:
-    header = ["checkpoint"] + [f"{PAPER_NAMES.get(t, t)} {m}" for t in targets for m in ("R1", "mAP")] + ["mean R1", "mean mAP"]
+    header = (
+        ["checkpoint"]
+        + [f"{PAPER_NAMES.get(t, t)} {m}" for t in targets for m in ("R1", "mAP")]
+        + ["mean R1", "mean mAP"]
+    )
     rows = []
     for ckpt, m in results.items():
         row = [ckpt]
@@ -112,16 +135,32 @@ def run(args: dict[str, Any]) -> int:
     for name in args["targets"]:
         spec = args["per_target"].get(name, {})
         root = spec.get("root", str(Path(args["data_root"]) / name))
-        targets.append(load_target(name, spec.get("reader", name), root, num_splits=int(args["splits"]),
-                                   seed=int(args["seed"]), split_dir=out / "splits"))
+        targets.append(
+            load_target(
+                name,
+                spec.get("reader", name),
+                root,
+                num_splits=int(args["splits"]),
+                seed=int(args["seed"]),
+                split_dir=out / "splits",
+            )
+        )
     results: dict[str, dict[str, float]] = {}
     for path in args["checkpoint"]:
         embedding, cfg = load_embedding(path, device)
-        evaluator = ReIDEvaluator(targets, height=cfg.model.height, width=cfg.model.width, device=device,
-                                  batch_size=int(args["batch_size"]), flip=bool(args["flip"]),
-                                  normalize=bool(args["normalize"]), metric=args["metric"],
-                                  max_rank=int(args["max_rank"]), progress=True,
-                                  linear_probe=cfg.eval.linear_probe)
+        evaluator = ReIDEvaluator(
+            targets,
+            height=cfg.model.height,
+            width=cfg.model.width,
+            device=device,
+            batch_size=int(args["batch_size"]),
+            flip=bool(args["flip"]),
+            normalize=bool(args["normalize"]),
+            metric=args["metric"],
+            max_rank=int(args["max_rank"]),
+            progress=True,
+            linear_probe=cfg.eval.linear_probe,
+        )
         results[str(path)] = evaluator(embedding)
     header, rows = table_rows(results, args["targets"])
     md = markdown(header, rows)
@@ -130,8 +169,9 @@ def run(args: dict[str, Any]) -> int:
     csv.writer(buf).writerows([header] + rows)
     atomic_write_bytes(out / "results.csv", buf.getvalue().encode())
     atomic_write_bytes(out / "results.md", md.encode())
-    atomic_json_save({"options": {k: v for k, v in args.items() if k != "per_target"}, "results": results},
-                     out / "results.json")
+    atomic_json_save(
+        {"options": {k: v for k, v in args.items() if k != "per_target"}, "results": results}, out / "results.json"
+    )
     print(f"fedeval: results in {out} (results.csv, results.json, results.md)")
     return 0
 
