@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 # The names of common.models.face.FACE_BACKBONES (not imported: the config must not pull in torch;
-# tests/test_fedfr_config.py checks that the two agree).
+# tests/common/test_fedfr_config.py checks that the two agree).
 BACKBONES = ("sphere4", "sphere20", "sphere36", "sphere64")
 STAGES = ("train", "pretrain")
 INIT_LOCAL = ("imprint", "random")

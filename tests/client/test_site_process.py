@@ -16,7 +16,7 @@ from client.channel import ChannelError, listen, recv_frame, request, send_frame
 from client.held_state import HeldState
 from client.site_supervisor import SiteSupervisor
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def serve_once(path, handler):

@@ -1,6 +1,6 @@
 """docker/compose.yaml's topology for real, without Docker: Linux network namespaces.
 
-(Without the proxy: the SuperLink listens where compose's proxy does. tests/test_docker_compose.py
+(Without the proxy: the SuperLink listens where compose's proxy does. tests/e2e/test_docker_compose.py
 runs the compose file itself, proxy included, when a Docker engine is there.)
 
 The coordinator runs in one namespace at 10.200.0.1, each site in its own namespace with its own
@@ -27,8 +27,8 @@ from common import processes
 from common.config.compose import load_site
 from common.datasets.layouts import write_layout
 from server.admin import certs_main, register_site_main
-from tests.test_compose import load_compose
-from tests.test_tls_auth_e2e import assert_no_secrets, processes_mentioning, secret_fragments, wait_registered
+from tests.common.test_compose import load_compose
+from tests.e2e.test_tls_auth_e2e import assert_no_secrets, processes_mentioning, secret_fragments, wait_registered
 
 SUBNET = "10.200.0"  # private test subnet, only inside the namespaces below
 SUPERLINK_IP = f"{SUBNET}.1"
@@ -156,7 +156,7 @@ def test_compose_topology_two_rounds_across_network_namespaces(tmp_path):
     env = {**ENV, "FEDREID_SECRETS": str(secrets), **{f"{s.upper()}_DATA": str(data / s) for s in SITES}}
     compose = load_compose(env=env)
     server_cmd = host_command(compose, "superlink", volumes)
-    # no proxy here (nginx is not on the host; tests/test_docker_compose.py runs it): the SuperLink
+    # no proxy here (nginx is not on the host; tests/e2e/test_docker_compose.py runs it): the SuperLink
     # takes the proxy's place on the public port instead of compose's loopback address
     loopback = "superlink.address=127.0.0.1:9091"
     assert loopback in server_cmd

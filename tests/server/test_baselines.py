@@ -17,9 +17,9 @@ from common.datasets.synthetic import write_market_layout
 from common.models.builder import expected_manifest, model_for
 from common.params import get_shared
 from server.fedreid.fedavg_strategy import FedAvgStrategy
+from tests.client.test_site_client import fit_config, make_client
 from tests.conftest import tiny_config
 from tests.fakes import manager_of, packed
-from tests.test_site_client import fit_config, make_client
 
 SITES = ["market1501", "dukemtmc"]
 

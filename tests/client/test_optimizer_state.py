@@ -14,10 +14,10 @@ from client.fedfr.state import load_fedfr_state
 from client.state import load_state
 from common.models.builder import expected_manifest
 from common.models.fedfr import expected_fedfr_manifest
+from tests.client.test_site_client import fit_config, global_arrays, make_client
 from tests.conftest import tiny_config
 from tests.fedfr_util import global_arrays as face_arrays
 from tests.fedfr_util import settings, tiny_fedfr_config, tiny_world
-from tests.test_site_client import fit_config, global_arrays, make_client
 from tests.wire import Unpacked
 
 PUBLIC = 6

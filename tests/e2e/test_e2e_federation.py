@@ -11,7 +11,7 @@ import torch
 from common.checkpoint import torch_load
 from tests.procutil import processes_mentioning, run_to_end
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.timeout(600)

@@ -22,7 +22,7 @@ from common.config.compose import compose_experiment, site_names
 from server.admin import certs_main, list_sites_parser
 from server.main import build_superlink_cmd
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DOCKER = REPO / "docker"
 SITES = ["market1501", "dukemtmc", "cuhk03", "msmt17"]
 VAR = re.compile(r"\$\{(\w+)(?::-([^}]*))?\}")

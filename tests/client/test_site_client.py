@@ -72,7 +72,7 @@ def test_head_persists_and_expert_starts_from_previous_round_model(tiny_site, tm
             assert torch.equal(seen["model"][k], v), k
     st = load_state(tmp_path, site="market1501", manifest_hash=man.hash, num_classes=4)
     assert st.last_round == 2 and st.rounds_trained == 2
-    assert st.optimizer is None  # a fresh SGD every round by default (tests/test_optimizer_state.py)
+    assert st.optimizer is None  # a fresh SGD every round by default (tests/client/test_optimizer_state.py)
 
 
 def test_manifest_mismatch_is_refused_naming_both(tiny_site, tmp_path):

@@ -27,7 +27,7 @@ from server.strategy import FedReIDStrategy
 from tests.conftest import tiny_config
 from tests.fakes import named_results, packed, unpacked
 from tests.procutil import processes_mentioning
-from tests.test_strategy import MAN, arrays, manager, res
+from tests.server.test_strategy import MAN, arrays, manager, res
 
 
 def strategy(**kw):

@@ -15,7 +15,7 @@ import torch
 
 from tests.procutil import processes_mentioning, run_to_end
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.e2e
 
 # Ray on a small shared machine: no memory monitor (it kills workers when *other* programs fill the

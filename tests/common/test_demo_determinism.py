@@ -17,7 +17,7 @@ from common.datasets.fingerprint import MARKER, data_fingerprint
 from server.sim import write_data
 from tests.procutil import processes_mentioning, run_to_end
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SMALL = {"train_ids": 3, "images_per_id": 3, "target_ids": 3}
 
 

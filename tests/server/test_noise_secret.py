@@ -24,7 +24,7 @@ from server.strategy import FedReIDStrategy, RoundRecord
 from tests.conftest import tiny_config
 from tests.fakes import fit_res, manager_of, named_results, packed, unpacked
 from tests.federation import Federation
-from tests.test_strategy import MAN, arrays
+from tests.server.test_strategy import MAN, arrays
 
 BETA = 0.1
 

@@ -10,7 +10,7 @@ import pytest
 from common.checkpoint import torch_load
 from tests.procutil import processes_mentioning, run_to_end
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.timeout(600)

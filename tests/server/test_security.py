@@ -25,7 +25,7 @@ from server.admin import certs_main, register_site_keys, register_site_main, sit
 from server.main import build_superlink_cmd
 from tests.procutil import processes_mentioning
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _scalar_hex(key_file: Path) -> str:

@@ -13,7 +13,7 @@ from server.sites import SiteRoster, load_site_nodes, write_site_nodes
 from server.strategy import FedReIDStrategy
 from tests.conftest import tiny_config
 from tests.fakes import FakeProxy, fit_res, manager_of, packed
-from tests.test_strategy import MAN, arrays
+from tests.server.test_strategy import MAN, arrays
 
 SITES = ["cuhk03", "dukemtmc", "market1501", "msmt17"]
 

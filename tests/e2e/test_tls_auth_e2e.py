@@ -29,7 +29,7 @@ from common import processes, security
 from common.datasets.synthetic import write_market_layout
 from server.admin import certs_main, list_sites_main, register_site_main
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 TINY = [
     "experiment=demo",
     "rounds=1",

@@ -29,7 +29,7 @@ from common.config.compose import load_site
 from common.datasets.layouts import write_layout
 from server.admin import certs_main, register_site_main
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SITES = ["market1501", "dukemtmc", "cuhk03", "msmt17"]
 BASE = os.environ.get("FEDREID_DOCKER_BASE_IMAGE", "fedreid-base:bookworm")
 IMAGE, PROXY_IMAGE = "fedreid:latest", "fedreid-proxy:latest"
