@@ -29,7 +29,7 @@ from client.site_settings import SiteSettings, resolve_device
 from common.config.experiment import ExperimentConfig
 from common.datasets.face_folder import FaceFolder, FaceSite
 from common.datasets.face_images import FaceImages, face_transform
-from common.evaluation.face_features import embed
+from common.evaluation.features import embed
 from common.models.fedfr import FedFRModel, expected_fedfr_manifest, fedfr_model
 from common.params import from_wire, get_shared, set_shared, to_wire
 from common.seeding import seed_everything, stable_seed

@@ -22,7 +22,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from common.datasets.base import Record
-from common.evaluation.face_features import embed_chunks
+from common.evaluation.features import embed_chunks
 from common.losses.contrastive import moon_contrastive_loss
 from common.losses.cosface import CosFaceLoss, balanced_cosface_loss
 from common.losses.hard_negatives import select_hard_negatives

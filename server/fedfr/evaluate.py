@@ -38,7 +38,7 @@ from common.config.fedfr import FedFRConfig
 from common.datasets.face_folder import FaceSite
 from common.datasets.ijbc import LANDMARKS_FILE
 from common.datasets.ijbc_images import IJBCImages
-from common.evaluation.face_features import embed, embed_dataset_chunks
+from common.evaluation.features import embed, embed_dataset_chunks
 from common.evaluation.fedfr_protocols import (
     IJBCMeta,
     SiteFeatures,

@@ -36,7 +36,7 @@ def brute_force_hard_negatives(cfg, arrays, public_root, site_root, threshold):
     """Public images with max cosine > threshold to a local image, features of the model ``arrays``."""
     model = fedfr_model(cfg.fedfr, PUBLIC, 0)
     set_shared(model, expected_fedfr_manifest(cfg.fedfr, PUBLIC), arrays)
-    from common.evaluation.face_features import embed
+    from common.evaluation.features import embed
 
     kw = {"image_size": cfg.fedfr.image_size, "batch_size": 64, "device": torch.device("cpu"), "normalize": False}
     pub = embed(model.backbone, FaceFolder(public_root).records, **kw).astype(np.float64)

@@ -6,7 +6,7 @@ import torch
 
 from common.config.compose import compose_experiment
 from common.config.experiment import ExperimentConfig
-from common.evaluation.face_features import embed
+from common.evaluation.features import embed
 from common.evaluation.identification import tpir_at_fpir
 from common.models.face import build_face_backbone
 from server.fedfr.evaluate import eval_sites, personalised_metrics, write_reports
