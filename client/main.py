@@ -27,9 +27,8 @@ from client.site_supervisor import SiteSupervisor, site_process_cmd
 from common import processes
 from common.config.compose import load_site, site_names
 from common.config.experiment import TrainConfig
-from common.datasets import READERS, build_reader
+from common.datasets import FACE_READERS, READERS, build_reader
 from common.datasets.base import DatasetLayoutError
-from common.datasets.face_folder import FACE_READERS, build_face_reader
 from common.datasets.verify import site_records, verify_report
 from common.writable import NotWritableError, check_writable
 
@@ -192,7 +191,7 @@ def main(argv: list[str] | None = None) -> None:
     a.public_root = str(Path(public_root).expanduser().resolve()) if public_root else ""
     try:  # fail here, with the layout, rather than inside the first round
         if reader in FACE_READERS:  # a FedFR face site (identity folders)
-            data = build_face_reader(reader, data_root)
+            data = build_reader(reader, data_root)
             summary = data.summary()
         else:
             data = build_reader(reader, data_root)

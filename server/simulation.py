@@ -150,14 +150,10 @@ def fill_virtual_sites(cfg: ExperimentConfig) -> dict[str, VirtualSiteConfig]:
 def check_site_data(cfg: ExperimentConfig) -> None:
     """Fail before Ray starts when a virtual site's data folder is wrong (as fedclient does)."""
     from common.datasets import build_reader
-    from common.datasets.face_folder import FACE_READERS, build_face_reader
 
     for site, vs in cfg.engine.sites.items():
         try:
-            if vs.reader in FACE_READERS:
-                build_face_reader(vs.reader, vs.data_root)
-            else:
-                build_reader(vs.reader, vs.data_root)
+            build_reader(vs.reader, vs.data_root)
         except (OSError, ValueError) as e:
             raise SystemExit(f"fedserver: virtual site {site!r}: {e}") from None
         Path(vs.state_dir).mkdir(parents=True, exist_ok=True)

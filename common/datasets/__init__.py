@@ -1,11 +1,14 @@
-"""Re-ID dataset readers, reachable by name (torchreid-style visible registry).
+"""Dataset readers of both tasks, reachable by name in one visible registry (as torchreid's).
 
-Each reader takes ``(root, **options)`` and exposes ``train``, ``query``, ``gallery`` (lists of
-``Record``) and ``splits``; every one checks its folder first and raises DatasetLayoutError
-naming the expected layout and the first missing or unparsable path. The small sets without a
-fixed split (viper, ilids, 3dpes, caviar) also expose ``all``; ``splits.py`` builds their
-query/gallery (the unseen-domain protocol). ``layouts.write_layout`` writes a synthetic replica
-of any of these layouts.
+Every reader takes ``(root, **options)``, checks its folder first and raises DatasetLayoutError
+naming the expected layout and the first missing or unparsable path.
+
+- Re-ID readers (:data:`REID_READERS`) expose ``train``, ``query``, ``gallery`` (lists of
+  ``Record``) and ``splits``. The small sets without a fixed split (viper, ilids, 3dpes, caviar)
+  also expose ``all``; ``splits.py`` builds their query/gallery (the unseen-domain protocol).
+  ``layouts.write_layout`` writes a synthetic replica of any of these layouts.
+- Face readers (:data:`FACE_READERS`, FedFR's identity-folder layouts, ``face_folder.py``):
+  ``face_folder`` exposes ``records``, ``face_site`` its ``train`` and ``test`` records.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from common.datasets.caviar import CAVIAR
 from common.datasets.cuhk03 import CUHK03
 from common.datasets.cuhksysu import CUHKSYSU
 from common.datasets.dukemtmc import DukeMTMCreID
+from common.datasets.face_folder import FaceFolder, FaceSite
 from common.datasets.grid import GRID
 from common.datasets.ilids import ILIDS
 from common.datasets.images import CorruptImageError
@@ -37,7 +41,13 @@ READERS: dict[str, type] = {
     "caviar": CAVIAR,
     "grid": GRID,
     "cuhksysu": CUHKSYSU,
+    "face_folder": FaceFolder,
+    "face_site": FaceSite,
 }
+
+# the FedFR readers (identity folders); every other name is a Re-ID reader
+FACE_READERS = ("face_folder", "face_site")
+REID_READERS = tuple(n for n in READERS if n not in FACE_READERS)
 
 # sets with no fixed query/gallery: evaluate them with the unseen-domain protocol (splits.py)
 UNSPLIT = ("viper", "ilids", "3dpes", "caviar")
@@ -55,6 +65,8 @@ def build_reader(name: str, root: str | Path, **kwargs: Any):
 __all__ = [
     "READERS",
     "UNSPLIT",
+    "FACE_READERS",
+    "REID_READERS",
     "CorruptImageError",
     "DatasetLayoutError",
     "ReIDSplits",

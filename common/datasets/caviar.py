@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 
 from common.datasets.base import DatasetLayoutError, Record
-from common.datasets.splits import SmallSetReader
+from common.datasets.small_set import SmallSetReader
 
 _NAME = re.compile(r"^(\d{4})(\d{3})\.jpe?g$", re.IGNORECASE)
 

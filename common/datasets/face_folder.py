@@ -1,6 +1,6 @@
 """Face datasets in the identity-folder layout (one sub-folder per identity, images inside).
 
-Two readers, reachable by name (``FACE_READERS``), each checking its folder first:
+Two readers, reachable by name in ``common.datasets.READERS``, each checking its folder first:
 
 - ``face_folder``: ``<root>/<identity>/<image>``: the public data D_g, or any face set.
 - ``face_site``: a FedFR site, ``<root>/train/<identity>/*`` (its registered images, used for
@@ -90,15 +90,3 @@ class FaceSite:
             f"{self.root.name}: {self.num_identities} identities, train {len(self.train)} images, "
             f"test {len(self.test)} images"
         )
-
-
-FACE_READERS: dict[str, type] = {"face_folder": FaceFolder, "face_site": FaceSite}
-
-
-def build_face_reader(name: str, root: str | Path):
-    """The face reader called ``name`` on ``root``; unknown names list the valid ones."""
-    try:
-        cls = FACE_READERS[name]
-    except KeyError:
-        raise ValueError(f"unknown face dataset reader {name!r}; valid names: {sorted(FACE_READERS)}") from None
-    return cls(root)

@@ -14,7 +14,7 @@ import re
 from pathlib import Path
 
 from common.datasets.base import DatasetLayoutError, Record, require_dir
-from common.datasets.splits import SmallSetReader
+from common.datasets.small_set import SmallSetReader
 
 _NAME = re.compile(r"^(\d{4})(\d{3})\.jpe?g$", re.IGNORECASE)
 

@@ -33,15 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from common.datasets.base import (
-    DatasetLayoutError,
-    DatasetReader,
-    Record,
-    ReIDSplits,
-    relabel,
-    resolve_base,
-)
-from common.datasets.images import screen_images
+from common.datasets.base import DatasetLayoutError, Record, ReIDSplits, relabel
 
 FORMAT = "fedreid-splits/1"
 
@@ -166,50 +158,3 @@ def select_split(
     if not 0 <= split_id < len(splits):
         raise ValueError(f"{name}: split_id {split_id} out of range 0..{len(splits) - 1}")
     return splits[split_id]
-
-
-class SmallSetReader(DatasetReader):
-    """Base of the readers of sets without a fixed split (VIPeR, iLIDS, 3DPeS, CAVIAR).
-
-    ``all``: every image of the set (original pids). ``splits``: see ``select_split``; by default
-    (``split_id=None``) the whole set as ``gallery`` with empty ``train`` and ``query``.
-    Subclasses name their folder (``dataset_dirs``: accepted nestings under ``root``), their
-    ``expected`` layout, and ``_scan`` the folder into records, raising DatasetLayoutError.
-    """
-
-    dataset_dirs: tuple[str, ...] = ()
-    expected: str = ""
-
-    def __init__(
-        self,
-        root: str | Path,
-        *,
-        split_id: int | None = None,
-        num_splits: int = 10,
-        seed: int = 0,
-        split_file: str | Path | None = None,
-        verify_images: bool = False,
-        skip_corrupt: bool = False,
-    ):
-        self.root = resolve_base(root, *self.dataset_dirs)
-        (records,), self.corrupt_files = screen_images(
-            self.name,
-            self.expected,
-            [self._scan(self.root)],
-            verify=verify_images,
-            skip_corrupt=skip_corrupt,
-        )
-        if not records:
-            raise DatasetLayoutError(self.name, self.expected, self.root, "no readable images")
-        self.all: list[Record] = records
-        self.splits = select_split(
-            self.name,
-            records,
-            split_id=split_id,
-            num_splits=num_splits,
-            seed=seed,
-            split_file=split_file,
-        )
-
-    def _scan(self, base: Path) -> list[Record]:
-        raise NotImplementedError

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from common.datasets.base import DatasetLayoutError, Record
-from common.datasets.splits import SmallSetReader
+from common.datasets.small_set import SmallSetReader
 
 _RGB_NAME = re.compile(r"^([0-9]+)_([0-9B_]+)_FRAME_[0-9]+_RGB\.bmp$", re.IGNORECASE)
 

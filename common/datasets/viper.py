@@ -14,7 +14,7 @@ import re
 from pathlib import Path
 
 from common.datasets.base import DatasetLayoutError, Record, require_dir
-from common.datasets.splits import SmallSetReader
+from common.datasets.small_set import SmallSetReader
 
 _PREFIX = re.compile(r"^(\d+)_")
 

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from common.datasets.ijbc import IJBCMeta, read_ijbc_meta  # noqa: F401 - re-exported (the protocol's inputs)
+from common.datasets.ijbc import IJBCMeta
 from common.evaluation.identification import tpir_at_fpir
 from common.evaluation.insightface_1n import insightface_identification
 from common.evaluation.verification import tar_at_far

@@ -36,18 +36,16 @@ from common.checkpoint import UnsafeCheckpointError, atomic_json_save, atomic_wr
 from common.config.experiment import ExperimentConfig
 from common.config.fedfr import FedFRConfig
 from common.datasets.face_folder import FaceSite
-from common.datasets.ijbc import LANDMARKS_FILE
+from common.datasets.ijbc import LANDMARKS_FILE, IJBCMeta, read_ijbc_meta
 from common.datasets.ijbc_images import IJBCImages
 from common.evaluation.features import embed, embed_dataset_chunks
 from common.evaluation.fedfr_protocols import (
-    IJBCMeta,
     SiteFeatures,
     generic_headline,
     ijbc_identification,
     ijbc_verification,
     mean_over_sites,
     personalised_site_metrics,
-    read_ijbc_meta,
     template_features,
 )
 from common.models.fedfr import FedFRModel, expected_fedfr_manifest, fedfr_model

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from common.datasets import READERS, build_reader
+from common.datasets import REID_READERS, build_reader
 from common.datasets.layouts import WRITERS, write_layout
 
 N_IDS, PER_ID = 6, 4  # 3 train + 3 test ids where a layout splits them
@@ -40,7 +40,7 @@ EXPECTED_COUNTS = {
 @pytest.fixture(scope="module")
 def written(tmp_path_factory) -> dict[str, tuple[Path, Path]]:
     out = {}
-    for name in READERS:
+    for name in REID_READERS:
         parent = tmp_path_factory.mktemp(name.replace("3", "three"))
         out[name] = (
             parent,
@@ -50,8 +50,8 @@ def written(tmp_path_factory) -> dict[str, tuple[Path, Path]]:
 
 
 def test_every_reader_has_a_writer():
-    assert set(WRITERS) == set(READERS)
-    assert len(READERS) == 10
+    assert set(WRITERS) == set(REID_READERS)
+    assert len(REID_READERS) == 10
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED_COUNTS))

@@ -14,7 +14,15 @@ import numpy as np
 import pytest
 from scipy.io import loadmat
 
-from common.datasets import READERS, UNSPLIT, CorruptImageError, DatasetLayoutError, build_reader
+from common.datasets import (
+    FACE_READERS,
+    READERS,
+    REID_READERS,
+    UNSPLIT,
+    CorruptImageError,
+    DatasetLayoutError,
+    build_reader,
+)
 from common.datasets.layouts import write_layout
 
 SMALL = {"height": 32, "width": 16}
@@ -25,7 +33,7 @@ def written(tmp_path_factory) -> dict[str, Path]:
     """name -> parent folder of a replica with 6 ids x 4 images, read once (CUHK03 extracts its
     images, CUHK-SYSU writes its crops) so copies already hold the derived files."""
     out = {}
-    for name in READERS:
+    for name in REID_READERS:
         parent = tmp_path_factory.mktemp(name.replace("3", "three"))
         write_layout(name, parent, num_ids=6, images_per_id=4, seed=11, **SMALL)
         build_reader(name, parent)
@@ -45,7 +53,7 @@ def all_records(r) -> list:
 
 
 def test_registry_names_and_unknown_name():
-    assert sorted(READERS) == sorted(
+    assert sorted(REID_READERS) == sorted(
         [
             "market1501",
             "dukemtmc",
@@ -59,7 +67,9 @@ def test_registry_names_and_unknown_name():
             "cuhksysu",
         ]
     )
-    with pytest.raises(ValueError, match="valid names: .*'3dpes'.*'viper'"):
+    assert FACE_READERS == ("face_folder", "face_site")
+    assert sorted(READERS) == sorted(REID_READERS + FACE_READERS)  # one registry for both tasks
+    with pytest.raises(ValueError, match="valid names: .*'3dpes'.*'face_folder', 'face_site'.*'viper'"):
         build_reader("prid", "/nowhere")
 
 
@@ -115,7 +125,7 @@ def victim_of(r) -> str:
     return (r.gallery or r.train)[-1].path
 
 
-@pytest.mark.parametrize("name", sorted(READERS))
+@pytest.mark.parametrize("name", sorted(REID_READERS))
 def test_corrupted_image_error_and_skip_modes(written, tmp_path, name):
     root = copy_of(written, name, tmp_path)
     clean = build_reader(name, root)

@@ -6,12 +6,13 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from common.datasets import build_reader
 from common.datasets.base import DatasetLayoutError
-from common.datasets.face_folder import FaceFolder, FaceSite, build_face_reader
+from common.datasets.face_folder import FaceFolder, FaceSite
 from common.datasets.face_split import main as split_main
 from common.datasets.face_split import plan_split
+from common.datasets.ijbc import read_ijbc_meta
 from common.datasets.synthetic_faces import IJBC_META, write_identity_folders, write_ijbc_layout
-from common.evaluation.fedfr_protocols import read_ijbc_meta
 
 
 def fake_identities(counts):
@@ -81,7 +82,7 @@ def test_synthetic_identity_folders_layout_and_determinism(tmp_path):
     names = write_identity_folders(tmp_path / "a", 3, 4, size=24, seed=7)
     write_identity_folders(tmp_path / "b", 3, 4, size=24, seed=7)
     assert names == ["id00000", "id00001", "id00002"]
-    reader = build_face_reader("face_folder", tmp_path / "a")
+    reader = build_reader("face_folder", tmp_path / "a")
     assert reader.names == names and len(reader.records) == 12
     assert [r.pid for r in reader.records] == [0] * 4 + [1] * 4 + [2] * 4
     for r in reader.records:
@@ -102,8 +103,8 @@ def test_face_readers_report_bad_layouts(tmp_path):
     (tmp_path / "s" / "train" / "x").mkdir(parents=True)
     with pytest.raises(DatasetLayoutError, match="test"):
         FaceSite(tmp_path / "s")
-    with pytest.raises(ValueError, match="valid names"):
-        build_face_reader("nope", tmp_path)
+    with pytest.raises(ValueError, match="valid names: .*'face_folder', 'face_site'.*'market1501'"):
+        build_reader("nope", tmp_path)
 
 
 def test_ijbc_style_meta_files(tmp_path):

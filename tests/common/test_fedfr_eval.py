@@ -4,8 +4,8 @@ import itertools
 
 import numpy as np
 
+from common.datasets.ijbc import IJBCMeta
 from common.evaluation.fedfr_protocols import (
-    IJBCMeta,
     SiteFeatures,
     ijbc_identification,
     ijbc_verification,
