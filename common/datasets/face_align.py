@@ -6,7 +6,7 @@ corner, in image pixels (x, y) — onto the template, then warped into a size x 
 bilinear interpolation and black outside the image. The estimate and the warp are scikit-image's
 (``SimilarityTransform.from_estimate``, ``warp``), the library insightface's own alignment uses.
 
-Template: the 96x112 SphereFace/ArcFace points with x shifted by +8 for 112 wide (PROTOCOLS.md);
+Template: the 96x112 SphereFace/ArcFace points with x shifted by +8 for 112 wide (docs/protocols.md);
 for a size other than 112 they are scaled by size / 112. Pixel coordinates as OpenCV's: the centre
 of pixel (row r, column c) is (x, y) = (c, r).
 """

@@ -1,6 +1,6 @@
 """1:1 face verification: TAR@FAR, exact, on impostor scores too many to hold in memory.
 
-Definition (PROTOCOLS.md, "Face verification metrics"), for ``n`` impostor scores ``u`` and a
+Definition (docs/protocols.md, "Face verification metrics"), for ``n`` impostor scores ``u`` and a
 target false-accept rate ``a``:
 
     FAR(t) = #{i : u_i > t} / n                     (strictly greater: a score equal to t is rejected)
