@@ -1,4 +1,4 @@
-"""Shared fixtures: tiny synthetic sites and a tiny experiment config (CPU, seconds); every test
+"""Shared fixtures: a tiny synthetic site (CPU, seconds; the helpers tests share are in tests/fakes.py); every test
 under tests/e2e/ (real processes) is marked ``e2e``, so that ``pytest -m "not e2e"`` is the fast loop."""
 
 from __future__ import annotations
@@ -7,24 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from common.config.experiment import ExperimentConfig
 from common.datasets.synthetic import write_market_layout
-
-
-def tiny_config(**over) -> ExperimentConfig:
-    d = {
-        "sites": ["market1501", "dukemtmc"],
-        "model": {"backbone": "resnet18", "height": 32, "width": 16},
-        "train": {"batch_size": 4, "unit": "step", "local_iters": 1, "num_workers": 0, "threads": 1},
-        "strategy": {"min_available_sites": 2},
-    }
-    for k, v in over.items():
-        d.setdefault(k, {})
-        if isinstance(v, dict):
-            d[k] = {**d[k], **v}
-        else:
-            d[k] = v
-    return ExperimentConfig.from_dict(d)
 
 
 @pytest.fixture(scope="session")

@@ -13,8 +13,7 @@ from client.fedfr.state import load_fedfr_state
 from common.datasets.face_folder import FaceFolder, FaceSite
 from common.models.fedfr import expected_fedfr_manifest, fedfr_model
 from common.params import set_shared
-from tests.fedfr_util import global_arrays, settings, tiny_fedfr_config, tiny_world
-from tests.wire import Unpacked
+from tests.fakes import Unpacked, fedfr_arrays, fedfr_settings, tiny_fedfr_config, tiny_world
 
 PUBLIC = 6
 
@@ -49,8 +48,8 @@ def brute_force_hard_negatives(cfg, arrays, public_root, site_root, threshold):
 
 def test_only_backbone_and_public_proxies_leave_the_site(world, tmp_path):
     cfg = tiny_fedfr_config(world, tmp_path, t_hn=-1.0)  # every public image is a hard negative
-    c = FedFRClient(cfg, settings(world, tmp_path, "face1"))
-    sent, n, metrics = c.fit(global_arrays(cfg, PUBLIC, 0), conf(cfg, 1))
+    c = FedFRClient(cfg, fedfr_settings(world, tmp_path, "face1"))
+    sent, n, metrics = c.fit(fedfr_arrays(cfg, PUBLIC, 0), conf(cfg, 1))
     man = c.manifest
     assert all(k.startswith("backbone.") or k == "public_proxies" for k in man.keys)
     assert [a.shape for a in sent] == [tuple(s) for s in man.shapes]
@@ -72,12 +71,12 @@ def test_only_backbone_and_public_proxies_leave_the_site(world, tmp_path):
 
 def test_hard_negatives_are_reselected_each_round_with_the_current_global_model(world, tmp_path):
     cfg = tiny_fedfr_config(world, tmp_path)
-    a, b = global_arrays(cfg, PUBLIC, 1), global_arrays(cfg, PUBLIC, 2)
+    a, b = fedfr_arrays(cfg, PUBLIC, 1), fedfr_arrays(cfg, PUBLIC, 2)
     # a threshold that keeps about half of the public images under model a
     _, best_a = brute_force_hard_negatives(cfg, a, world["public"], world["face1"], -2.0)
     t = float(np.median(best_a))
     cfg = tiny_fedfr_config(world, tmp_path, t_hn=t)
-    c = FedFRClient(cfg, settings(world, tmp_path, "face1"))
+    c = FedFRClient(cfg, fedfr_settings(world, tmp_path, "face1"))
     c.fit(a, conf(cfg, 1))
     round1 = load_fedfr_state(tmp_path / "face1").hard_negatives
     c.fit(b, conf(cfg, 2))
@@ -117,8 +116,8 @@ def backbone_of(cfg, arrays):
 def test_contrastive_previous_model_is_the_global_model_in_round_one(world, tmp_path, monkeypatch):
     cfg = tiny_fedfr_config(world, tmp_path, t_hn=0.9)
     seen = capture_training(monkeypatch)
-    c = FedFRClient(cfg, settings(world, tmp_path, "face1"))
-    g1, g2 = global_arrays(cfg, PUBLIC, 1), global_arrays(cfg, PUBLIC, 2)
+    c = FedFRClient(cfg, fedfr_settings(world, tmp_path, "face1"))
+    g1, g2 = fedfr_arrays(cfg, PUBLIC, 1), fedfr_arrays(cfg, PUBLIC, 2)
     sent1, _, m1 = c.fit(g1, conf(cfg, 1))
     expected = backbone_of(cfg, g1)
     for k, v in expected.items():  # round 1: previous = global = what the server sent (not untrained)
@@ -136,10 +135,10 @@ def test_contrastive_previous_model_is_the_global_model_in_round_one(world, tmp_
 def test_private_modules_persist_across_a_new_client_object(world, tmp_path, monkeypatch):
     cfg = tiny_fedfr_config(world, tmp_path, t_hn=0.9)
     seen = capture_training(monkeypatch)
-    FedFRClient(cfg, settings(world, tmp_path, "face2")).fit(global_arrays(cfg, PUBLIC, 1), conf(cfg, 1))
+    FedFRClient(cfg, fedfr_settings(world, tmp_path, "face2")).fit(fedfr_arrays(cfg, PUBLIC, 1), conf(cfg, 1))
     saved = load_fedfr_state(tmp_path / "face2")
     # a restart: a new process builds a new client object on the same state folder
-    FedFRClient(cfg, settings(world, tmp_path, "face2")).fit(global_arrays(cfg, PUBLIC, 2), conf(cfg, 2))
+    FedFRClient(cfg, fedfr_settings(world, tmp_path, "face2")).fit(fedfr_arrays(cfg, PUBLIC, 2), conf(cfg, 2))
     torch.testing.assert_close(seen[1]["local_proxies"], saved.model["local_proxies"], rtol=0, atol=0)
     for k, v in seen[1]["dfc"].items():
         torch.testing.assert_close(v, saved.model[f"dfc.{k}"], rtol=0, atol=0)
@@ -153,20 +152,20 @@ def test_private_modules_persist_across_a_new_client_object(world, tmp_path, mon
 
 def test_mismatched_model_or_public_data_is_refused(world, tmp_path):
     cfg = tiny_fedfr_config(world, tmp_path)
-    c = FedFRClient(cfg, settings(world, tmp_path, "face1"))
+    c = FedFRClient(cfg, fedfr_settings(world, tmp_path, "face1"))
     with pytest.raises(ValueError, match="manifest"):
-        c.fit(global_arrays(cfg, PUBLIC, 0), {"server_round": 1, "manifest_hash": "other"})
+        c.fit(fedfr_arrays(cfg, PUBLIC, 0), {"server_round": 1, "manifest_hash": "other"})
     with pytest.raises(ValueError, match="public identities"):
-        c.fit(global_arrays(cfg, PUBLIC, 0), {**conf(cfg, 1), "public_hash": "0" * 16})
+        c.fit(fedfr_arrays(cfg, PUBLIC, 0), {**conf(cfg, 1), "public_hash": "0" * 16})
 
 
 def test_a_round_replayed_after_a_coordinator_resume_starts_from_the_state_before_it(world, tmp_path):
     """The coordinator died after the site trained round 2 and resumed after round 1: round 2 is
     asked again and must start from the round-1 state (the previous file), giving the same update."""
     cfg = tiny_fedfr_config(world, tmp_path)
-    c = FedFRClient(cfg, settings(world, tmp_path, "face1"))
-    c.fit(global_arrays(cfg, PUBLIC, 1), conf(cfg, 1))
-    g2 = global_arrays(cfg, PUBLIC, 2)
+    c = FedFRClient(cfg, fedfr_settings(world, tmp_path, "face1"))
+    c.fit(fedfr_arrays(cfg, PUBLIC, 1), conf(cfg, 1))
+    g2 = fedfr_arrays(cfg, PUBLIC, 2)
     first, _, _ = c.fit(g2, conf(cfg, 2))
     assert load_fedfr_state(tmp_path / "face1").last_round == 2
     assert load_fedfr_state(tmp_path / "face1", before_round=2).last_round == 1  # kept for a replay
@@ -190,10 +189,10 @@ def test_each_round_trains_at_its_scheduled_lr_after_the_optimizer_state_is_rest
     cfg = tiny_fedfr_config(
         world, tmp_path, t_hn=0.9, lr=0.05, lr_milestones=[2], lr_gamma=0.1, keep_optimizer_state=True
     )
-    c = FedFRClient(cfg, settings(world, tmp_path, "face1"))
-    _, _, m1 = c.fit(global_arrays(cfg, PUBLIC, 1), conf(cfg, 1))
+    c = FedFRClient(cfg, fedfr_settings(world, tmp_path, "face1"))
+    _, _, m1 = c.fit(fedfr_arrays(cfg, PUBLIC, 1), conf(cfg, 1))
     saved1 = load_fedfr_state(tmp_path / "face1").optimizer
-    _, _, m2 = c.fit(global_arrays(cfg, PUBLIC, 2), conf(cfg, 2))
+    _, _, m2 = c.fit(fedfr_arrays(cfg, PUBLIC, 2), conf(cfg, 2))
     saved2 = load_fedfr_state(tmp_path / "face1").optimizer
     # round 2 restored round 1's optimizer (lr 0.05 in it) and must still train at 0.05 * 0.1
     assert [g["lr"] for g in saved1["param_groups"]] == [pytest.approx(0.05)]
@@ -205,12 +204,12 @@ def test_public_negatives_all_takes_every_public_image_without_selection(world, 
     # t_HN = 2 selects nothing (cosines are <= 1); "all" (Table 1's "+ public data" row) ignores it
     cfg = tiny_fedfr_config(world, tmp_path, t_hn=1.0)
     cfg.fedfr.public_negatives = "all"
-    c = FedFRClient(cfg, settings(world, tmp_path, "face1"))
-    _, _, metrics = c.fit(global_arrays(cfg, PUBLIC, 0), conf(cfg, 1))
+    c = FedFRClient(cfg, fedfr_settings(world, tmp_path, "face1"))
+    _, _, metrics = c.fit(fedfr_arrays(cfg, PUBLIC, 0), conf(cfg, 1))
     assert metrics["hard_negatives"] == len(FaceFolder(world["public"]).records) == PUBLIC * 6
     cfg.fedfr.public_negatives = "hard"
-    c = FedFRClient(cfg, settings(world, tmp_path / "b", "face1"))
-    _, _, metrics = c.fit(global_arrays(cfg, PUBLIC, 0), conf(cfg, 1))
+    c = FedFRClient(cfg, fedfr_settings(world, tmp_path / "b", "face1"))
+    _, _, metrics = c.fit(fedfr_arrays(cfg, PUBLIC, 0), conf(cfg, 1))
     assert metrics["hard_negatives"] == 0
     cfg.fedfr.public_negatives = "some"
     with pytest.raises(ValueError, match="fedfr.public_negatives: expected one of hard, all, found 'some'"):
@@ -224,10 +223,10 @@ def test_fedfr_site_process_in_memory_state_gives_the_same_rounds_as_per_message
 
     fresh_dir, held_dir = tmp_path / "fresh", tmp_path / "held"
     cfg = tiny_fedfr_config(world, fresh_dir, t_hn=0.0, keep_optimizer_state=True)
-    held = FedFRClient(cfg, dataclasses.replace(settings(world, held_dir, "face1"), hold_state=True))
+    held = FedFRClient(cfg, dataclasses.replace(fedfr_settings(world, held_dir, "face1"), hold_state=True))
     for rnd in (1, 2, 3):
-        g = global_arrays(cfg, PUBLIC, rnd)
-        a, n1, m1 = FedFRClient(cfg, settings(world, fresh_dir, "face1")).fit(g, conf(cfg, rnd))
+        g = fedfr_arrays(cfg, PUBLIC, rnd)
+        a, n1, m1 = FedFRClient(cfg, fedfr_settings(world, fresh_dir, "face1")).fit(g, conf(cfg, rnd))
         b, n2, m2 = held.fit(g, conf(cfg, rnd))
         assert n1 == n2 and m1["hard_negatives"] == m2["hard_negatives"], rnd
         for x, y in zip(a, b):

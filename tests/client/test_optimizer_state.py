@@ -14,11 +14,17 @@ from client.fedfr.state import load_fedfr_state
 from client.state import load_state
 from common.models.builder import expected_manifest
 from common.models.fedfr import expected_fedfr_manifest
-from tests.client.test_site_client import fit_config, global_arrays, make_client
-from tests.conftest import tiny_config
-from tests.fedfr_util import global_arrays as face_arrays
-from tests.fedfr_util import settings, tiny_fedfr_config, tiny_world
-from tests.wire import Unpacked
+from tests.fakes import (
+    Unpacked,
+    fedfr_arrays,
+    fedfr_settings,
+    fit_config,
+    global_arrays,
+    make_client,
+    tiny_config,
+    tiny_fedfr_config,
+    tiny_world,
+)
 
 PUBLIC = 6
 
@@ -73,11 +79,11 @@ def test_fedfr_site_momentum_per_round(world, tmp_path, monkeypatch, keep):
     assert tiny_fedfr_config(world, tmp_path).fedfr.keep_optimizer_state is False  # the default
     seen: list = []
     _spy(monkeypatch, fc, "train_local", seen)
-    c = Unpacked(FedFRClient(cfg, settings(world, tmp_path, "face1")))
+    c = Unpacked(FedFRClient(cfg, fedfr_settings(world, tmp_path, "face1")))
     h = expected_fedfr_manifest(cfg.fedfr, PUBLIC).hash
-    c.fit(face_arrays(cfg, PUBLIC, 1), {"server_round": 1, "manifest_hash": h})
+    c.fit(fedfr_arrays(cfg, PUBLIC, 1), {"server_round": 1, "manifest_hash": h})
     saved = load_fedfr_state(tmp_path / "face1").optimizer
-    c.fit(face_arrays(cfg, PUBLIC, 2), {"server_round": 2, "manifest_hash": h})
+    c.fit(fedfr_arrays(cfg, PUBLIC, 2), {"server_round": 2, "manifest_hash": h})
     assert seen[0] == {}
     if not keep:
         assert saved is None and seen[1] == {}

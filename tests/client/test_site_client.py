@@ -9,22 +9,7 @@ from client.fedreid.client import FedReIDClient
 from client.site_settings import SiteSettings
 from client.state import load_state
 from common.models.builder import expected_manifest, model_for
-from common.params import get_shared
-from tests.conftest import tiny_config
-from tests.wire import Unpacked
-
-
-def make_client(cfg, root, state_dir, site="market1501"):
-    return Unpacked(FedReIDClient(cfg, SiteSettings(site=site, data_root=str(root), state_dir=str(state_dir))))
-
-
-def global_arrays(cfg, seed=0):
-    torch.manual_seed(seed)
-    return get_shared(model_for(cfg, 1), expected_manifest(cfg))
-
-
-def fit_config(cfg, rnd):
-    return {"server_round": rnd, "manifest_hash": expected_manifest(cfg).hash}
+from tests.fakes import Unpacked, fit_config, global_arrays, make_client, tiny_config
 
 
 def test_only_shared_keys_leave_the_site(tiny_site, tmp_path):

@@ -14,7 +14,7 @@ from client.virtual_site import is_virtual, virtual_node_config
 from common import processes
 from common.config.compose import compose_experiment
 from common.config.engine import VirtualSiteConfig
-from tests.conftest import tiny_config
+from tests.fakes import tiny_config
 
 
 def sim_config(n: int = 3, **engine) -> object:

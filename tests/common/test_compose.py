@@ -21,45 +21,11 @@ from client.main import parser as fedclient_parser
 from common.config.compose import compose_experiment, site_names
 from server.admin import certs_main, list_sites_parser
 from server.main import build_superlink_cmd
+from tests.fakes import load_compose
 
 REPO = Path(__file__).resolve().parents[2]
 DOCKER = REPO / "docker"
 SITES = ["market1501", "dukemtmc", "cuhk03", "msmt17"]
-VAR = re.compile(r"\$\{(\w+)(?::-([^}]*))?\}")
-
-
-def interpolate(obj, env: dict[str, str]):
-    """Compose's ``${VAR:-default}`` interpolation (``$$`` is a literal ``$``)."""
-    if isinstance(obj, dict):
-        return {interpolate(k, env): interpolate(v, env) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [interpolate(v, env) for v in obj]
-    if isinstance(obj, str):
-
-        def sub(m: re.Match) -> str:
-            if m.group(1) not in env and m.group(2) is None:
-                raise KeyError(f"${{{m.group(1)}}} has no default in the compose file")
-            return env.get(m.group(1), m.group(2) or "")
-
-        return VAR.sub(sub, obj.replace("$$", "\0")).replace("\0", "$")
-    return obj
-
-
-def load_compose(*names: str, env: dict[str, str] | None = None) -> dict:
-    """The compose files merged the way ``docker compose -f A -f B`` merges mappings."""
-    merged: dict = {}
-    for name in names or ("compose.yaml",):
-        doc = interpolate(yaml.safe_load((DOCKER / name).read_text()), env or {})
-        _merge(merged, {k: v for k, v in doc.items() if not k.startswith("x-")})
-    return merged
-
-
-def _merge(into: dict, new: dict) -> None:
-    for k, v in new.items():
-        if isinstance(v, dict) and isinstance(into.get(k), dict):
-            _merge(into[k], v)
-        else:
-            into[k] = v
 
 
 def mounts(service: dict) -> dict[str, tuple[str, bool]]:

@@ -18,7 +18,7 @@ from common.params import get_shared
 from server.fedreid.checks import check_initial_weights
 from server.reporting import RoundReporter
 from server.strategy import RoundRecord
-from tests.conftest import tiny_config
+from tests.fakes import tiny_config
 
 
 def _reference_state(seed: int) -> dict[str, torch.Tensor]:

@@ -27,8 +27,7 @@ from common import processes
 from common.config.compose import load_site
 from common.datasets.layouts import write_layout
 from server.admin import certs_main, register_site_main
-from tests.common.test_compose import load_compose
-from tests.e2e.test_tls_auth_e2e import assert_no_secrets, processes_mentioning, secret_fragments, wait_registered
+from tests.fakes import assert_no_secrets, load_compose, processes_mentioning, secret_fragments, wait_registered
 
 SUBNET = "10.200.0"  # private test subnet, only inside the namespaces below
 SUPERLINK_IP = f"{SUBNET}.1"

@@ -17,7 +17,7 @@ import pytest
 from client.run_end import PROGRESS_FILE, Progress, exit_status
 from common import processes
 from server.admin import unregister_site_main
-from tests.e2e.test_tls_auth_e2e import (
+from tests.fakes import (
     fedclient_cmd,
     fedserver_cmd,
     make_federation,

@@ -17,9 +17,7 @@ from common.datasets.synthetic import write_market_layout
 from common.models.builder import expected_manifest, model_for
 from common.params import get_shared
 from server.fedreid.fedavg_strategy import FedAvgStrategy
-from tests.client.test_site_client import fit_config, make_client
-from tests.conftest import tiny_config
-from tests.fakes import manager_of, packed
+from tests.fakes import fit_config, make_client, manager_of, packed, tiny_config
 
 SITES = ["market1501", "dukemtmc"]
 

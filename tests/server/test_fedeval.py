@@ -15,7 +15,7 @@ from common.evaluation.reid import distance_matrix, evaluate_rank
 from common.models.builder import expected_manifest, model_for
 from common.params import get_shared
 from server import fedeval
-from tests.conftest import tiny_config
+from tests.fakes import tiny_config
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ from common.evaluation.features import embed
 from common.evaluation.identification import tpir_at_fpir
 from common.models.face import build_face_backbone
 from server.fedfr.evaluate import eval_sites, personalised_metrics, write_reports
-from tests.fedfr_util import SIZE, tiny_fedfr_config, tiny_world
+from tests.fakes import FACE_SIZE, tiny_fedfr_config, tiny_world
 
 
 def test_defaults_are_stricter_than_ijbc_and_separate_from_it():
@@ -27,13 +27,13 @@ def test_the_personalised_protocol_reports_its_own_targets(tmp_path):
     roots = tiny_world(tmp_path / "w", public=2, sites=("face1", "face2"), ids_per_site=3, train=3, test=4)
     cfg = tiny_fedfr_config(roots, tmp_path / "state", fpir_targets=[0.01, 0.1], personal_fpir_targets=[0.2, 0.5])
     torch.manual_seed(0)
-    model = build_face_backbone("sphere4", 16, (SIZE, SIZE))
+    model = build_face_backbone("sphere4", 16, (FACE_SIZE, FACE_SIZE))
     sites = eval_sites(cfg)
     mean, per_site = personalised_metrics(model, sites, cfg, torch.device("cpu"))
     tpir_keys = {k for k in mean if k.startswith("TPIR")}
     assert tpir_keys == {"TPIR@FPIR=0.2", "TPIR@FPIR=0.5"}  # not IJB-C's 0.01 / 0.1
     # site face1 by hand: gallery = mean registered feature per identity, probes = every site's test images
-    kw = {"image_size": SIZE, "batch_size": 16, "device": torch.device("cpu")}
+    kw = {"image_size": FACE_SIZE, "batch_size": 16, "device": torch.device("cpu")}
     s1, s2 = sites
     g = embed(model, s1.data.train, **kw)
     g_lab = np.array([r.pid for r in s1.data.train])

@@ -10,8 +10,7 @@ from server.checkpoint import CHECKPOINT, ServerCheckpoint, save_server_checkpoi
 from server.fedfr.components import build_components
 from server.fedfr.pretrain import pretrain_main
 from server.resume import resume_config
-from tests.fakes import unpacked
-from tests.fedfr_util import global_arrays, tiny_fedfr_config, tiny_world
+from tests.fakes import fedfr_arrays, tiny_fedfr_config, tiny_world, unpacked
 
 PUBLIC = 6
 
@@ -27,7 +26,7 @@ def test_a_fedfr_run_resumes_after_its_checkpointed_round(world, tmp_path):
     assert pretrain_main(cfg) == 0  # Theta_g^0 and Phi_g in run_dir/pretrained.pt
     (tmp_path / "run" / "config.json").write_text(json.dumps(cfg.to_dict()))
     man = expected_fedfr_manifest(cfg.fedfr, PUBLIC)
-    after_round_2 = global_arrays(cfg, PUBLIC, 11)  # "the global model after round 2"
+    after_round_2 = fedfr_arrays(cfg, PUBLIC, 11)  # "the global model after round 2"
     rows = [{"round": r, "ijbc/R1": 0.1 * r} for r in range(3)]
     save_server_checkpoint(
         tmp_path / "run" / CHECKPOINT,

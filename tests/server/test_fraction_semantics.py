@@ -11,8 +11,7 @@ import pytest
 
 from common.seeding import stable_seed
 from server.strategy import FedReIDStrategy
-from tests.fakes import fit_res, manager_of, packed, unpacked
-from tests.server.test_strategy import MAN, arrays
+from tests.fakes import MAN, arrays, fit_res, manager_of, packed, unpacked
 
 SITES = ["cuhk03", "dukemtmc", "market1501", "msmt17", "viper"]
 

@@ -13,8 +13,7 @@ from common.models.fedfr import expected_fedfr_manifest
 from common.params import get_shared, set_shared
 from common.privacy import add_white_noise
 from server.strategy import FedReIDStrategy
-from tests.conftest import tiny_config
-from tests.fakes import fit_res, manager_of, named_results, unpacked
+from tests.fakes import fit_res, manager_of, named_results, tiny_config, unpacked
 
 BETA = 0.01
 

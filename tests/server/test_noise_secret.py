@@ -21,10 +21,8 @@ from server.checkpoint import CHECKPOINT, load_server_checkpoint
 from server.reporting import RoundReporter
 from server.run_setup import run_noise_secret, strategy_settings
 from server.strategy import FedReIDStrategy, RoundRecord
-from tests.conftest import tiny_config
-from tests.fakes import fit_res, manager_of, named_results, packed, unpacked
+from tests.fakes import MAN, arrays, fit_res, manager_of, named_results, packed, tiny_config, unpacked
 from tests.federation import Federation
-from tests.server.test_strategy import MAN, arrays
 
 BETA = 0.1
 

@@ -24,10 +24,8 @@ from server.checkpoint import (
 )
 from server.resume import announce_resume, resume_config
 from server.strategy import FedReIDStrategy
-from tests.conftest import tiny_config
-from tests.fakes import named_results, packed, unpacked
+from tests.fakes import MAN, arrays, manager, named_results, packed, res, tiny_config, unpacked
 from tests.procutil import processes_mentioning
-from tests.server.test_strategy import MAN, arrays, manager, res
 
 
 def strategy(**kw):

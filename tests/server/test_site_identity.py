@@ -11,9 +11,7 @@ from client.site_settings import site_settings
 from common.config.compose import load_site
 from server.sites import SiteRoster, load_site_nodes, write_site_nodes
 from server.strategy import FedReIDStrategy
-from tests.conftest import tiny_config
-from tests.fakes import FakeProxy, fit_res, manager_of, packed
-from tests.server.test_strategy import MAN, arrays
+from tests.fakes import MAN, FakeProxy, arrays, fit_res, manager_of, packed, tiny_config
 
 SITES = ["cuhk03", "dukemtmc", "market1501", "msmt17"]
 

@@ -6,31 +6,14 @@ from flwr.common import ndarrays_to_parameters
 
 from common.params import Manifest, packed_nbytes, raw_bytes
 from server.strategy import FedReIDStrategy
-from tests.fakes import fit_res, manager_of, named_results, packed, unpacked
-
-MAN = Manifest(keys=("embedding.w", "embedding.bn.running_mean"), shapes=((2, 3), (3,)), dtypes=("float32", "float32"))
-
-
-SITES = ["cuhk03", "dukemtmc", "market1501", "msmt17"]
-
-
-def arrays(v: float):
-    return [np.full((2, 3), v, np.float32), np.full((3,), v, np.float32)]
-
-
-def res(site: str, a, n=10):
-    return fit_res(site, a, n)
-
-
-def manager(n):
-    return manager_of(SITES[:n])
+from tests.fakes import MAN, STRATEGY_SITES, arrays, fit_res, manager, named_results, packed, res, unpacked
 
 
 def strategy(**kw):
     return FedReIDStrategy(
         manifest=MAN,
         initial_arrays=arrays(0.0),
-        sites=kw.pop("sites", SITES),
+        sites=kw.pop("sites", STRATEGY_SITES),
         min_available_sites=kw.pop("n", 4),
         wait_for_sites_s=1,
         **kw,
@@ -64,7 +47,7 @@ def test_wait_for_sites_is_bounded():
 
 
 def test_aggregate_is_plain_mean_of_valid_updates_and_drops_bad_ones(caplog):
-    s = strategy(min_fit_sites=1, sites=[*SITES, "viper", "grid", "ilids"])
+    s = strategy(min_fit_sites=1, sites=[*STRATEGY_SITES, "viper", "grid", "ilids"])
     nan = arrays(5.0)
     nan[0][0, 0] = np.nan
     need = packed_nbytes(MAN)  # (6 + 3) float32 = 36 bytes
