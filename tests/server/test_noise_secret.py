@@ -9,7 +9,6 @@ receives and must fail, while a resume from the checkpoint reproduces the noise 
 from __future__ import annotations
 
 import json
-import sqlite3
 
 import numpy as np
 import pytest
@@ -22,7 +21,6 @@ from server.reporting import RoundReporter
 from server.run_setup import run_noise_secret, strategy_settings
 from server.strategy import FedReIDStrategy, RoundRecord
 from tests.fakes import MAN, arrays, fit_res, manager_of, named_results, packed, tiny_config, unpacked
-from tests.federation import Federation
 
 BETA = 0.1
 
@@ -157,37 +155,6 @@ def test_the_serverapp_reads_the_whole_config_and_checks_the_run(tmp_path):
         serverapp_config(site_run_config(other), {ENV: str(path)})
     with pytest.raises(RuntimeError, match=ENV):
         serverapp_config(site_run_config(cfg), {})
-
-
-@pytest.mark.timeout(420)
-def test_what_flower_delivers_to_the_sites_is_the_site_view(tmp_path):
-    # a real federation; the SuperLink keeps its state in superlink.db, whose runs table holds the
-    # run config exactly as every SuperNode gets it (Fleet GetRun)
-    with Federation(
-        tmp_path,
-        ["market1501"],
-        ["rounds=1", "privacy.beta=0.01", "superlink.persist_state=true", "round_timeout_s=240"],
-    ) as fed:
-        fed.start_server()
-        fed.start_site("market1501")
-        code = fed.wait_server(360)
-        logs = fed.logs()
-    assert code == 0, logs
-    db = sqlite3.connect(fed.run_dir / "superlink.db")
-    try:
-        stored = [json.loads(row[0]) for row in db.execute("SELECT override_config FROM run")]
-    finally:
-        db.close()
-    assert len(stored) == 1
-    full = json.loads((fed.run_dir / "serverapp_config.json").read_text())
-    assert full["superlink"]["address"] == f"127.0.0.1:{fed.port}" and full["run_dir"] == str(fed.run_dir)
-    delivered = json.loads(stored[0]["experiment-json"])
-    assert delivered == ExperimentConfig.from_dict(full).site_view()
-    assert "superlink" not in delivered and str(fed.run_dir) not in stored[0]["experiment-json"]
-    ck = load_server_checkpoint(fed.run_dir / CHECKPOINT)
-    assert len(ck.strategy["noise_secret"]) == 64
-    assert ck.strategy["noise_secret"] not in json.dumps(stored)
-    assert (fed.run_dir / CHECKPOINT).stat().st_mode & 0o777 == 0o600
 
 
 def test_the_site_view_keeps_what_the_simulation_engines_virtual_sites_need():

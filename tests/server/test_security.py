@@ -4,13 +4,9 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
-import os
 import shutil
-import signal
 import ssl
 import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -19,13 +15,10 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 
 from client.keygen import keygen_main
-from common import processes, security
+from common import security
 from common.config.compose import compose_experiment
 from server.admin import certs_main, register_site_keys, register_site_main, site_key_files
 from server.main import build_superlink_cmd
-from tests.procutil import processes_mentioning
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 def _scalar_hex(key_file: Path) -> str:
@@ -143,20 +136,6 @@ def test_keygen_writes_a_p384_openssh_pair_that_openssh_and_flower_accept(tmp_pa
         keygen_main(["--site", "market1501", "--out", str(tmp_path)])
 
 
-def test_keygen_through_the_fedclient_entry_point(tmp_path):
-    r = subprocess.run(
-        [sys.executable, "-m", "client.main", "keygen", "--site", "dukemtmc", "--out", str(tmp_path)],
-        check=False,
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert r.returncode == 0, r.stderr
-    assert (tmp_path / "dukemtmc.key").is_file() and (tmp_path / "dukemtmc.pub").is_file()
-    assert "fedserver register-site dukemtmc.pub --site dukemtmc" in r.stdout
-
-
 # ---- fedserver register-site (keys folder) ----
 
 
@@ -235,55 +214,3 @@ def test_superlink_command_for_tls_and_node_auth(tmp_path):
 def test_superlink_refuses_unsafe_or_incomplete_settings(overrides, message):
     with pytest.raises(SystemExit, match=message):
         build_superlink_cmd(compose_experiment(overrides))
-
-
-def test_fedserver_without_tls_or_insecure_refuses_to_start(tmp_path):
-    # model.pretrained=none: the paper preset's ImageNet weights are checked first (none here)
-    r = subprocess.run(
-        [sys.executable, "-m", "server.main", f"run_dir={tmp_path / 'run'}", "model.pretrained=none"],
-        cwd=REPO,
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert r.returncode != 0
-    assert "TLS needs superlink.ca_cert" in r.stderr and "superlink.insecure=true" in r.stderr
-    assert not (tmp_path / "run" / "superlink.log").exists()  # nothing was started
-
-
-@pytest.mark.timeout(120)
-def test_fedserver_plain_text_warns(tmp_path):
-    port = processes.free_port()
-    log = tmp_path / "fedserver.log"
-    proc = processes.start(
-        [
-            sys.executable,
-            "-m",
-            "server.main",
-            "experiment=demo",
-            f"run_dir={tmp_path / 'run'}",
-            "superlink.insecure=true",
-            f"superlink.address=127.0.0.1:{port}",
-            "wait_for_sites_s=30",
-        ],
-        processes.tool_env(),
-        log_path=log,
-        cwd=REPO,
-    )
-    marker = str(tmp_path / "run" / "flwr_home" / "superlink")
-    try:
-        processes.wait_for_port("127.0.0.1", port, 60, proc)
-        assert processes_mentioning(marker)  # the SuperLink fedserver started
-    finally:
-        processes.stop(proc, grace_s=10)  # SIGTERM to fedserver's group only
-    deadline = time.monotonic() + 20
-    while processes_mentioning(marker) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    leftover = processes_mentioning(marker)
-    for pid in leftover:  # never leave one behind, also when the assertion below fails
-        os.kill(pid, signal.SIGKILL)
-    assert not leftover, "fedserver left its SuperLink running after SIGTERM"
-    text = log.read_text()
-    assert "WARNING: superlink.insecure=true: site traffic is NOT encrypted" in text
-    assert "SuperNode authentication is disabled" in (tmp_path / "run" / "superlink.log").read_text()
