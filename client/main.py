@@ -16,6 +16,7 @@ each round's ClientApp forwards the message to it over a socket in the state fol
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import signal
 import sys
 import time
@@ -25,8 +26,9 @@ from client.channel import socket_path
 from client.run_end import exit_status, read_progress
 from client.site_supervisor import SiteSupervisor, site_process_cmd
 from common import processes
-from common.config.compose import load_site, site_names
+from common.config.compose import site_names
 from common.config.experiment import TrainConfig
+from common.config.site import SiteConfig, default_state_dir, load_site
 from common.datasets import FACE_READERS, READERS, build_reader
 from common.datasets.base import DatasetLayoutError
 from common.datasets.verify import site_records, verify_report
@@ -104,53 +106,13 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def node_settings(
-    site: str, data_root: str, reader: str, state_dir: str, device: str, public_root: str = "", fault: str = ""
-) -> dict[str, str]:
-    """The site's settings, as the ClientApp (node config) and the site process read them."""
-    extra = {"public-root": public_root} if public_root else {}
-    extra |= {"fault": fault} if fault else {}
-    return {"site": site, "data-root": data_root, "reader": reader, "state-dir": state_dir, "device": device, **extra}
-
-
-def node_config(
-    site: str,
-    data_root: str,
-    reader: str,
-    state_dir: str,
-    device: str,
-    public_root: str = "",
-    fault: str = "",
-    site_socket: str = "",
-) -> str:
-    def q(v: str) -> str:
-        if '"' in v:
-            raise ValueError(f"value {v!r} must not contain double quotes")
-        return f'"{v}"'
-
-    settings = node_settings(site, data_root, reader, state_dir, device, public_root, fault)
-    settings |= {"site-socket": site_socket} if site_socket else {}
-    return " ".join(f"{k}={q(v)}" for k, v in settings.items())
-
-
-def supernode_cmd(
-    a: argparse.Namespace, data_root: str, reader: str, state_dir: str, site_socket: str = ""
-) -> list[str]:
+def supernode_cmd(a: argparse.Namespace, settings: SiteConfig) -> list[str]:
     cmd = [
         processes.executable("flower-supernode"),
         "--superlink",
         a.superlink,
         "--node-config",
-        node_config(
-            a.site,
-            data_root,
-            reader,
-            state_dir,
-            a.device,
-            getattr(a, "public_root", None) or "",
-            getattr(a, "fault", ""),
-            site_socket,
-        ),
+        settings.node_config_arg(),
         "--port",
         str(a.port),
         "--max-retries",
@@ -184,11 +146,17 @@ def main(argv: list[str] | None = None) -> None:
         site = load_site(a.site)
     except ValueError as e:
         raise SystemExit(f"fedclient: {e}") from None
-    data_root = str(Path(a.data_root or site["data_root"]).expanduser().resolve())
-    reader = a.reader or site["reader"]
-    state_dir = str(Path(a.state_dir or site.get("state_dir") or f"~/.fedreid/state/{a.site}").expanduser().resolve())
-    public_root = a.public_root or site.get("public_root")
-    a.public_root = str(Path(public_root).expanduser().resolve()) if public_root else ""
+    public_root = a.public_root or site.public_root
+    settings = SiteConfig(  # the operator's options over conf/site/<site>.yaml
+        site=a.site,
+        data_root=str(Path(a.data_root or site.data_root).expanduser().resolve()),
+        reader=a.reader or site.reader,
+        state_dir=str(Path(a.state_dir or site.state_dir or default_state_dir(a.site)).expanduser().resolve()),
+        public_root=str(Path(public_root).expanduser().resolve()) if public_root else "",
+        device=a.device,
+        fault=a.fault,
+    )
+    data_root, reader, state_dir = settings.data_root, settings.reader, settings.state_dir
     try:  # fail here, with the layout, rather than inside the first round
         if reader in FACE_READERS:  # a FedFR face site (identity folders)
             data = build_reader(reader, data_root)
@@ -216,12 +184,14 @@ def main(argv: list[str] | None = None) -> None:
     supervisor, sock = None, ""
     if not a.no_site_process:  # the long-lived site process (client/site_process.py) and its channel
         sock = str(socket_path(state_dir))
-        node = node_settings(a.site, data_root, reader, state_dir, a.device, a.public_root, a.fault)
         supervisor = SiteSupervisor(
-            a.site, site_process_cmd(sock, node), processes.tool_env(), max_restarts=a.site_restarts
+            a.site,
+            site_process_cmd(sock, settings.to_node_config()),
+            processes.tool_env(),
+            max_restarts=a.site_restarts,
         )
         supervisor.start()
-    proc = processes.start(supernode_cmd(a, data_root, reader, state_dir, sock), processes.tool_env(home))
+    proc = processes.start(supernode_cmd(a, dataclasses.replace(settings, site_socket=sock)), processes.tool_env(home))
 
     def stop_all(grace_s: float) -> None:
         processes.stop(proc, grace_s=grace_s)

@@ -22,7 +22,8 @@ def _fedreid(cfg: ExperimentConfig, node_config: dict) -> NumPyClient:
 
 
 def _fedfr(cfg: ExperimentConfig, node_config: dict) -> NumPyClient:  # seed 001: public data from the node config
-    return FedFRClient(cfg, site_settings(node_config), public_root=str(node_config.get("public-root", "")))
+    settings = site_settings(node_config)
+    return FedFRClient(cfg, settings, public_root=settings.public_root)
 
 
 # task -> (experiment config, the operator's node config) -> the site's NumPyClient

@@ -5,7 +5,8 @@ On the deployment runtime each SuperNode is started by its operator with ``--nod
 SuperNode: a virtual node's ``context.node_config`` holds only ``partition-id`` (0..N-1) and
 ``num-partitions`` (N). This module turns those into the same node-config dict a real site's
 SuperNode would carry, from the run's ``sites`` (partition i = ``sites[i]``) and ``engine.sites``
-(reader, data root, private state folder). It is wiring at the ClientApp's edge: the NumPyClient
+(reader, data root, private state folder), through the one conversion of
+``common/config/site.py``. It is wiring at the ClientApp's edge: the NumPyClient
 and the Strategy see exactly what they see on a deployment.
 """
 
@@ -14,6 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from common.config.experiment import ExperimentConfig
+from common.config.site import SiteConfig
 
 # flwr.common.constant.PARTITION_ID_KEY / NUM_PARTITIONS_KEY (kept literal: this module must not
 # need flwr to be tested)
@@ -49,13 +51,11 @@ def virtual_node_config(cfg: ExperimentConfig, node_config: dict[str, Any]) -> d
         raise ValueError(
             f"virtual site {site!r} has no engine.sites.{site}.state_dir: each site needs its own private state folder"
         )
-    node = {
-        "site": site,
-        "data-root": vs.data_root,
-        "reader": vs.reader,
-        "state-dir": vs.state_dir,
-        "device": vs.device or ("cuda" if cfg.engine.num_gpus > 0 else "cpu"),
-    }
-    if vs.public_root:
-        node["public-root"] = vs.public_root
-    return node
+    return SiteConfig(
+        site=site,
+        data_root=vs.data_root,
+        reader=vs.reader,
+        state_dir=vs.state_dir,
+        public_root=vs.public_root,
+        device=vs.device or ("cuda" if cfg.engine.num_gpus > 0 else "cpu"),
+    ).to_node_config()

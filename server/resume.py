@@ -36,10 +36,8 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
-from typing import Any
 
-import yaml
-
+from common.config.compose import merge_overrides
 from common.config.experiment import ExperimentConfig
 from server.checkpoint import CHECKPOINT, load_server_checkpoint
 from server.reporting import RoundReporter
@@ -71,18 +69,17 @@ def resume_config(run_dir: str | Path, overrides: list[str] | None = None) -> Ex
     path = run_dir / "config.json"
     if not path.is_file():
         raise ValueError(f"{path} not found: resume=RUN_DIR needs the folder of a run started by fedserver")
-    d = json.loads(path.read_text())
-    for item in overrides or []:
-        key, sep, value = item.partition("=")
+    for item in overrides or []:  # this command's policy, checked before the one merge
+        key, sep, _ = item.partition("=")
         if not sep or not key.startswith(RESUMABLE_OVERRIDES):
             keys = ", ".join(k + "*" if k.endswith(".") else k for k in RESUMABLE_OVERRIDES)
             raise ValueError(
                 f"on resume only these keys may be changed: {keys} "
                 f"(found {item!r}); the experiment itself is read from {path}"
             )
-        _set_dotted(d, key, yaml.safe_load(value))
-    d["run_dir"] = str(run_dir)  # the folder given, also when it was moved since
-    cfg = ExperimentConfig.from_dict(d)
+    saved = json.loads(path.read_text())
+    saved["run_dir"] = str(run_dir)  # the folder given, also when it was moved since
+    cfg = merge_overrides(overrides, saved=saved)
     server_task(cfg.task).check_resumable(cfg)
     ck = run_dir / CHECKPOINT
     cfg.resume_from = str(ck) if ck.is_file() else ""
@@ -162,10 +159,3 @@ def _read(path: Path) -> str:
         return path.read_text()
     except OSError:
         return ""
-
-
-def _set_dotted(d: dict, key: str, value: Any) -> None:
-    *parents, last = key.split(".")
-    for p in parents:
-        d = d.setdefault(p, {})
-    d[last] = value

@@ -23,9 +23,9 @@ import uuid
 from pathlib import Path
 
 from common import processes
-from common.config.compose import load_site
 from common.config.engine import VirtualSiteConfig
 from common.config.experiment import ExperimentConfig
+from common.config.site import load_site
 
 
 class SimulationEngine:
@@ -129,10 +129,10 @@ def fill_virtual_sites(cfg: ExperimentConfig) -> dict[str, VirtualSiteConfig]:
                     f"fedserver: virtual site {site!r}: {e}; or give engine.sites.{site}.{{reader,data_root,state_dir}}"
                 ) from None
             vs = VirtualSiteConfig(
-                reader=d["reader"],
-                data_root=str(d["data_root"]),
-                state_dir=str(d.get("state_dir") or f"~/.fedreid/state/{site}"),
-                public_root=str(d.get("public_root") or ""),
+                reader=d.reader,
+                data_root=d.data_root,
+                state_dir=d.state_dir or f"~/.fedreid/state/{site}",
+                public_root=d.public_root,
             )
         if not vs.data_root:
             raise SystemExit(f"fedserver: virtual site {site!r}: engine.sites.{site}.data_root is empty")

@@ -1,16 +1,25 @@
-"""Compose ``conf/`` with Hydra overrides into a validated ExperimentConfig."""
+"""Compose ``conf/`` with Hydra overrides into a validated ExperimentConfig: the one override merge
+of every command (``fedserver``, ``fedserver resume=``, ``fedeval task=fedfr``).
+
+The dataclasses of ``common/config/experiment.py`` are registered in Hydra's ConfigStore as
+``experiment_schema``, the first entry of ``conf/config.yaml``'s defaults list: they carry the
+defaults and the types, the yaml files only what differs. A run's saved config (``config.json``)
+is composed the same way, as the primary config in place of ``conf/config.yaml``.
+"""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from common.config.experiment import ExperimentConfig, check_site_name
+from common.config.experiment import ExperimentConfig
+from common.config.structured import config_error, schema
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+SCHEMA = "experiment_schema"  # ConfigStore name of ExperimentConfig (conf/config.yaml's first default)
+SAVED = "_saved_run"  # ConfigStore name of a run's saved config while it is merged
 
 
 def conf_dir() -> Path:
@@ -21,20 +30,43 @@ def conf_dir() -> Path:
     return d
 
 
-def compose_dict(overrides: list[str] | None = None, config_name: str = "config") -> dict[str, Any]:
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-    from omegaconf import OmegaConf
+def merge_overrides(overrides: list[str] | None = None, saved: Mapping[str, Any] | None = None) -> ExperimentConfig:
+    """``conf/config.yaml`` (or the ``saved`` config of a run) with Hydra's ``overrides``, validated.
 
+    Over a saved run every ``KEY=VALUE`` sets the key or adds it where a mapping lacks it (as
+    ``++KEY=VALUE``): the run's dict is complete, so only entries of mappings such as
+    ``fedfr.eval_sites`` can be new. Wrong types and unknown keys raise a one-line ValueError.
+    """
+    from hydra import compose, initialize_config_dir
+    from hydra.core.config_store import ConfigStore
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.errors import HydraException
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    store = ConfigStore.instance()
+    store.store(name=SCHEMA, node=ExperimentConfig)
+    name, overrides = "config", list(overrides or [])
+    if saved is not None:
+        try:
+            store.store(name=SAVED, node=OmegaConf.merge(schema(ExperimentConfig), dict(saved)))
+        except OmegaConfBaseException as e:
+            raise config_error(e) from None
+        name, overrides = SAVED, ["++" + o.lstrip("+") for o in overrides]
     GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
-        cfg = compose(config_name=config_name, overrides=list(overrides or []))
-    return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
+    try:
+        with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
+            cfg = compose(config_name=name, overrides=overrides)
+    except HydraException as e:
+        if isinstance(e.__cause__, OmegaConfBaseException):
+            raise config_error(e.__cause__) from None
+        raise
+    return ExperimentConfig.from_dict(OmegaConf.to_container(cfg, resolve=True))  # type: ignore[arg-type]
 
 
 def compose_experiment(overrides: list[str] | None = None) -> ExperimentConfig:
     """Paper defaults + groups + overrides; unknown keys and bad values raise a clear error."""
-    cfg = ExperimentConfig.from_dict(compose_dict(overrides))
+    cfg = merge_overrides(overrides)
     cfg.run_dir = str(cfg.resolved_run_dir())
     if not cfg.app_dir:
         cfg.app_dir = str(REPO_ROOT)
@@ -43,23 +75,3 @@ def compose_experiment(overrides: list[str] | None = None) -> ExperimentConfig:
 
 def site_names() -> list[str]:
     return sorted(p.stem for p in (conf_dir() / "site").glob("*.yaml"))
-
-
-def load_site(name: str) -> dict[str, Any]:
-    """``conf/site/<name>.yaml``; an unknown site is an error listing the configured ones.
-
-    The name is checked first: it becomes a path, so ``../config`` never reads outside conf/site/.
-    """
-    try:
-        check_site_name(name)
-    except ValueError as e:
-        raise ValueError(f"{e}; configured sites (conf/site/*.yaml): {site_names()}") from None
-    path = conf_dir() / "site" / f"{name}.yaml"
-    if not path.is_file():
-        raise ValueError(f"unknown site {name!r}; configured sites (conf/site/*.yaml): {site_names()}")
-    with open(path) as f:
-        d = yaml.safe_load(f) or {}
-    for key in ("name", "reader", "data_root"):
-        if key not in d:
-            raise ValueError(f"{path}: missing key {key!r} (expected name, reader, data_root, state_dir)")
-    return d

@@ -78,18 +78,3 @@ class EngineConfig:
                     vs.state_dir,
                 )
             seen[vs.state_dir] = site
-
-
-def build_virtual_sites(d: dict[str, Any] | None, prefix: str) -> dict[str, VirtualSiteConfig]:
-    """``engine.sites`` from its dict form; unknown keys are errors naming the valid ones."""
-    if not isinstance(d, dict):
-        raise ValueError(f"config {prefix}: expected a mapping site -> {{reader, data_root, state_dir}}, found {d!r}")  # noqa: TRY004
-    valid = set(VirtualSiteConfig.__dataclass_fields__)
-    out = {}
-    for name, v in d.items():
-        v = dict(v or {})
-        unknown = sorted(set(v) - valid)
-        if unknown:
-            raise ValueError(f"config {prefix}{name}: unknown key(s) {unknown}; valid: {sorted(valid)}")
-        out[name] = VirtualSiteConfig(**v)
-    return out

@@ -1,8 +1,9 @@
 """Typed experiment configuration behind ``conf/`` (validated; unknown keys are errors).
 
-Hydra composes ``conf/config.yaml`` with the chosen groups and command-line overrides into a
-plain dict; ``ExperimentConfig.from_dict`` turns it into these dataclasses and checks every
-value. The dict (not the objects) travels: the sites get ``site_view()`` as Flower's run config,
+These dataclasses hold every default and every type, once: they are the schema Hydra composes
+``conf/`` onto (``common/config/compose.py``), and ``conf/*.yaml`` hold only what differs from
+them. ``ExperimentConfig.from_dict`` merges a dict onto them (``common/config/structured.py``)
+and checks every value. The dict (not the objects) travels: the sites get ``site_view()`` as Flower's run config,
 the ServerApp reads the whole dict from a file on the coordinator (``common/config/run.py``).
 """
 
@@ -16,9 +17,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from common.config.engine import EngineConfig, build_virtual_sites
+from common.config.engine import EngineConfig
 from common.config.fedfr import FedFRConfig
 from common.config.modes import MODES
+from common.config.structured import build
 
 SITE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")  # a site name is also a file name: no path
 SAMPLINGS = ("paper", "public")  # strategy.sampling (issue 11, item 4)
@@ -192,7 +194,8 @@ class ExperimentConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ExperimentConfig:
-        cfg = _build(cls, d, "")
+        """The dict over the defaults above (types checked, unknown keys refused), then validated."""
+        cfg = build(cls, d)
         cfg.validate()
         return cfg
 
@@ -298,45 +301,3 @@ class ExperimentConfig:
 
     def resolved_run_dir(self) -> Path:
         return Path(self.run_dir).expanduser().resolve()
-
-
-def _build(cls: type, d: dict[str, Any] | None, prefix: str) -> Any:
-    d = dict(d or {})
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = sorted(set(d) - set(fields))
-    if unknown:
-        raise ValueError(f"config {prefix or '<root>'}: unknown key(s) {unknown}; valid: {sorted(fields)}")
-    kwargs = {}
-    for name, f in fields.items():
-        if name not in d:
-            continue
-        v, key = d[name], f"{prefix}{name}"
-        sub = _dataclass_of(f.type)
-        if sub is not None:
-            kwargs[name] = _build(sub, v, key + ".")
-        elif name == "targets":
-            if not isinstance(v, dict):
-                raise ValueError(f"config {key}: expected a mapping name -> {{reader, root}}, found {v!r}")
-            kwargs[name] = {n: _build(TargetConfig, t, f"{key}.{n}.") for n, t in v.items()}
-        elif cls is EngineConfig and name == "sites":
-            kwargs[name] = build_virtual_sites(v, key + ".")
-        else:
-            kwargs[name] = v
-    return cls(**kwargs)
-
-
-def _dataclass_of(t: Any) -> type | None:
-    names = {
-        c.__name__: c
-        for c in (
-            ModelConfig,
-            TrainConfig,
-            StrategyConfig,
-            PrivacyConfig,
-            EvalConfig,
-            SuperLinkConfig,
-            FedFRConfig,
-            EngineConfig,
-        )
-    }
-    return names.get(t if isinstance(t, str) else getattr(t, "__name__", ""))

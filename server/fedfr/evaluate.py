@@ -19,6 +19,7 @@ into the run folder. Protocols: ``common.evaluation.fedfr_protocols``.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import json
 import logging
@@ -134,11 +135,11 @@ class EvalSite:
 
 
 def eval_sites(cfg: ExperimentConfig) -> list[EvalSite]:
-    from common.config.compose import load_site
+    from common.config.site import load_site
 
     out = []
     for s in cfg.sites:
-        d = cfg.fedfr.eval_sites.get(s) or load_site(s)
+        d = cfg.fedfr.eval_sites.get(s) or dataclasses.asdict(load_site(s))
         out.append(EvalSite(s, FaceSite(d["data_root"]), str(d.get("state_dir") or f"~/.fedreid/state/{s}")))
     return out
 
@@ -285,18 +286,15 @@ def run_config(args: list[str]) -> ExperimentConfig:
 
     KEY=VALUE arguments override either (``experiment=`` only picks the conf/ experiment).
     """
-    from omegaconf import OmegaConf
-
-    from common.config.compose import compose_experiment
+    from common.config.compose import compose_experiment, merge_overrides
 
     run_dir = next((a.split("=", 1)[1] for a in args if a.startswith("run_dir=")), None)
     saved = Path(run_dir).expanduser() / "config.json" if run_dir else None
     if saved is None or not saved.is_file():
         has_experiment = any(a.startswith("experiment=") for a in args)
         return compose_experiment(args if has_experiment else ["experiment=fedfr", *args])
-    rest = [a.lstrip("+") for a in args if not a.startswith(("run_dir=", "experiment="))]
-    merged = OmegaConf.merge(OmegaConf.create(json.loads(saved.read_text())), OmegaConf.from_dotlist(rest))
-    cfg = ExperimentConfig.from_dict(OmegaConf.to_container(merged, resolve=True))
+    rest = [a for a in args if not a.startswith(("run_dir=", "experiment="))]
+    cfg = merge_overrides(rest, saved=json.loads(saved.read_text()))
     cfg.run_dir = str(saved.parent.resolve())
     return cfg
 

@@ -25,7 +25,7 @@ import pytest
 import yaml
 
 from client.keygen import keygen_main
-from common.config.compose import load_site
+from common.config.site import load_site
 from common.datasets.layouts import write_layout
 from server.admin import certs_main, register_site_main
 
@@ -119,7 +119,7 @@ def make_deployment(root: Path) -> dict[str, str]:
             == 0
         )
         write_layout(
-            load_site(site)["reader"],
+            load_site(site).reader,
             data / site,
             num_ids=8,
             images_per_id=4,

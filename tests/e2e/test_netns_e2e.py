@@ -24,7 +24,7 @@ import pytest
 
 from client.keygen import keygen_main
 from common import processes
-from common.config.compose import load_site
+from common.config.site import load_site
 from common.datasets.layouts import write_layout
 from server.admin import certs_main, register_site_main
 from tests.fakes import assert_no_secrets, load_compose, processes_mentioning, secret_fragments, wait_registered
@@ -143,7 +143,7 @@ def test_compose_topology_two_rounds_across_network_namespaces(tmp_path):
         )
         # in the layout of the reader the site's config names (compose passes no --reader)
         write_layout(
-            load_site(site)["reader"],
+            load_site(site).reader,
             data / site,
             num_ids=8,
             images_per_id=4,

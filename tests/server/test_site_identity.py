@@ -8,7 +8,7 @@ import pytest
 
 from client.main import main as fedclient_main
 from client.site_settings import site_settings
-from common.config.compose import load_site
+from common.config.site import load_site
 from server.sites import SiteRoster, load_site_nodes, write_site_nodes
 from server.strategy import FedReIDStrategy
 from tests.fakes import MAN, FakeProxy, arrays, fit_res, manager_of, packed, tiny_config
@@ -90,7 +90,7 @@ def test_site_names_that_would_be_paths_are_refused_everywhere(name, capsys):
 
 
 def test_real_site_names_are_accepted():
-    assert load_site("market1501")["name"] == "market1501"
+    assert load_site("market1501").site == "market1501"
     assert site_settings({"site": "market1501", "data-root": "/x"}).site == "market1501"
     logging.getLogger("fedserver")  # nothing refused
     np.testing.assert_equal(tiny_config(sites=["market1501", "dukemtmc"]).sites, ["market1501", "dukemtmc"])

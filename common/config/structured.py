@@ -1,0 +1,49 @@
+"""A config dataclass from a plain dict, through OmegaConf's structured configs.
+
+The dataclasses of ``common/config/`` hold every default and every type; OmegaConf merges a dict
+(Hydra's composition, a run's ``config.json``, the run config a site receives) onto them, converts
+what it can (``600`` -> ``600.0`` for a float) and refuses unknown keys and values of the wrong
+type. Its errors are re-worded here into one line naming the key, what was expected and what was
+found; range and choice checks stay in each dataclass's ``validate``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from functools import cache
+from typing import Any, TypeVar
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
+
+T = TypeVar("T")
+_CONVERSION = re.compile(r"Value '(?P<value>.*)' of type '(?P<type>[\w.]+)' could not be converted to (?P<to>\w+)")
+
+
+@cache
+def schema(cls: type) -> DictConfig:
+    """The structured config of ``cls`` with its defaults (built once: merging copies it)."""
+    return OmegaConf.structured(cls)
+
+
+def build(cls: type[T], d: Any) -> T:
+    """``cls`` with the values of ``d`` over its defaults; ValueError naming the key otherwise."""
+    try:
+        return OmegaConf.to_object(OmegaConf.merge(schema(cls), d or {}))  # type: ignore[return-value]
+    except OmegaConfBaseException as e:
+        raise config_error(e) from None
+
+
+def config_error(e: OmegaConfBaseException) -> ValueError:
+    """OmegaConf's multi-line error as ``config KEY: ...`` in one line."""
+    key = e.full_key or "<root>"
+    msg = str(getattr(e, "msg", "") or e).splitlines()[0]
+    if isinstance(e, ConfigKeyError | ConfigAttributeError) and " not in " in msg:
+        parent, _, leaf = key.rpartition(".")
+        valid = [f.name for f in dataclasses.fields(e.object_type)] if dataclasses.is_dataclass(e.object_type) else []
+        return ValueError(f"config {parent or '<root>'}: unknown key(s) [{leaf!r}]; valid: {sorted(valid)}")
+    m = _CONVERSION.fullmatch(msg)
+    if m:
+        return ValueError(f"config {key}: expected {m['to'].lower()}, found {m['value']!r} ({m['type']})")
+    return ValueError(f"config {key}: {msg}")
