@@ -15,9 +15,11 @@ import sys
 import time
 from pathlib import Path
 
+import yaml
+
 from common import processes
 from common.checkpoint import UnsafeCheckpointError
-from common.config.compose import compose_experiment, conf_dir
+from common.config.compose import compose_experiment, merge_overrides
 from common.config.experiment import ExperimentConfig
 from common.config.run import ENV as SERVERAPP_ENV
 from common.config.run import site_run_config, write_serverapp_config
@@ -52,7 +54,7 @@ Resume:  fedserver resume=RUN_DIR [superlink.*=... round_timeout_s=... wait_for_
          does not know their nodes (unless superlink.persist_state=true, where sites still
          retrying, --max-wait-time, carry on by themselves)
 
-Every key, with its paper default (conf/config.yaml):
+Every key, with its paper default (the dataclasses of common/config/ under conf/config.yaml):
 """
 
 
@@ -269,7 +271,7 @@ def main(argv: list[str] | None = None) -> None:
     if args and args[0] in admin.SUBCOMMANDS:  # certs, register-site, list-sites, unregister-site
         sys.exit(admin.SUBCOMMANDS[args[0]](args[1:]))
     if any(a in ("-h", "--help") for a in args):
-        print(USAGE + (conf_dir() / "config.yaml").read_text())
+        print(USAGE + yaml.safe_dump(merge_overrides().to_dict(), sort_keys=False))
         return
     show = "--cfg" in args
     args = [a for a in args if a != "--cfg"]

@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from common.config.structured import build
+
 ENGINES = ("deployment", "simulation")
 
 
@@ -41,8 +43,13 @@ class EngineConfig:
     ray_num_cpus: int = 0
     object_store_fraction: float = 0.0
     # name -> where that virtual site's data and private state live; sites not listed take
-    # conf/site/<name>.yaml (filled in when the run is submitted).
-    sites: dict[str, VirtualSiteConfig] = field(default_factory=dict)
+    # conf/site/<name>.yaml (filled in when the run is submitted). A VirtualSiteConfig each: typed
+    # in __post_init__, as OmegaConf cannot add a dataclass entry to a mapping from the command line
+    # (`++engine.sites.NAME.data_root=...`).
+    sites: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.sites = {n: build(VirtualSiteConfig, v, f"engine.sites.{n}") for n, v in self.sites.items()}
 
     def validate(self, site_names: list[str]) -> None:
         def bad(key: str, expected: str, found: Any) -> ValueError:

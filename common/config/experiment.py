@@ -136,7 +136,11 @@ class EvalConfig:
     max_rank: int = 10
     device: str = "cpu"
     linear_probe: bool = False  # also a softmax probe's accuracy (gallery -> query) per target
-    targets: dict[str, TargetConfig] = field(default_factory=dict)
+    # name -> TargetConfig (typed in __post_init__: `++eval.targets.NAME.root=...` adds a plain mapping)
+    targets: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.targets = {n: build(TargetConfig, t, f"eval.targets.{n}") for n, t in self.targets.items()}
 
 
 @dataclass

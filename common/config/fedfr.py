@@ -1,6 +1,6 @@
 """FedFR settings (seed 001), the ``fedfr`` section of ExperimentConfig (``task: fedfr``).
 
-Defaults are the paper's (``conf/experiment/fedfr.yaml`` restates them); ``experiment=fedfr-demo``
+Defaults are the paper's (held here only: ``conf/experiment/fedfr.yaml`` sets the task); ``experiment=fedfr-demo``
 shrinks the model and the data for a 2-core CPU. Settings shared with FedReID stay where they are:
 ``rounds`` (T), ``sites``, ``strategy.fraction``/``min_*``, ``privacy``, ``superlink``,
 ``train.threads``/``train.num_workers`` (process settings) and ``eval.device``/``eval.batch_size``.

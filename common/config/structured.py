@@ -27,23 +27,28 @@ def schema(cls: type) -> DictConfig:
     return OmegaConf.structured(cls)
 
 
-def build(cls: type[T], d: Any) -> T:
-    """``cls`` with the values of ``d`` over its defaults; ValueError naming the key otherwise."""
+def build(cls: type[T], d: Any, key: str = "") -> T:
+    """``cls`` with the values of ``d`` over its defaults; ValueError naming the key otherwise.
+
+    ``key`` is where ``d`` sits in the experiment (``engine.sites.market1501``), for the message.
+    """
+    if isinstance(d, cls):
+        return d
     try:
         return OmegaConf.to_object(OmegaConf.merge(schema(cls), d or {}))  # type: ignore[return-value]
     except OmegaConfBaseException as e:
-        raise config_error(e) from None
+        raise config_error(e, key) from None
 
 
-def config_error(e: OmegaConfBaseException) -> ValueError:
-    """OmegaConf's multi-line error as ``config KEY: ...`` in one line."""
-    key = e.full_key or "<root>"
+def config_error(e: OmegaConfBaseException, key: str = "") -> ValueError:
+    """OmegaConf's multi-line error as ``config KEY: ...`` in one line (``key``: the prefix of ``e``'s)."""
+    full = ".".join(k for k in (key, e.full_key) if k) or "<root>"
     msg = str(getattr(e, "msg", "") or e).splitlines()[0]
     if isinstance(e, ConfigKeyError | ConfigAttributeError) and " not in " in msg:
-        parent, _, leaf = key.rpartition(".")
+        parent, _, leaf = full.rpartition(".")
         valid = [f.name for f in dataclasses.fields(e.object_type)] if dataclasses.is_dataclass(e.object_type) else []
         return ValueError(f"config {parent or '<root>'}: unknown key(s) [{leaf!r}]; valid: {sorted(valid)}")
     m = _CONVERSION.fullmatch(msg)
     if m:
-        return ValueError(f"config {key}: expected {m['to'].lower()}, found {m['value']!r} ({m['type']})")
-    return ValueError(f"config {key}: {msg}")
+        return ValueError(f"config {full}: expected {m['to'].lower()}, found {m['value']!r} ({m['type']})")
+    return ValueError(f"config {full}: {msg}")
