@@ -4,13 +4,14 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.install-stamp
 
-.PHONY: install demo demo-fedfr test lint bench soak clean help
+.PHONY: install demo demo-fedfr test test-fast lint bench soak clean help
 
 help:
 	@echo "make install   create $(VENV) and install the project (torch, flwr, ...) from pyproject.toml"
 	@echo "make demo      a whole FedReID federation on this machine (4 sites, synthetic data, CPU)"
 	@echo "make demo-fedfr  FedFR: pretrain + federation + generic/personalised evaluation (CPU)"
 	@echo "make test      the test suite"
+	@echo "make test-fast the tests without real processes (pytest -m \"not e2e\"): the fast loop"
 	@echo "make bench     benchmarks (JSON on stdout)"
 	@echo "make study-NAME  a study of conf/study/NAME.yaml (variants x seeds, tables and plots)"
 	@echo "make soak      reliability soak: 50 rounds, a site killed every 10 (about 40 min)"
@@ -29,6 +30,9 @@ demo: install
 
 test: install
 	$(BIN)/python -m pytest -q
+
+test-fast: install  ## everything but tests/e2e/ (real Flower processes, Ray, docker)
+	$(BIN)/python -m pytest -q -m "not e2e"
 
 lint: install  ## ruff (rules in pyproject.toml), ruff format, and no import cycle between the project's modules
 	$(BIN)/ruff check client server common tests benchmarks .ci
