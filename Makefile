@@ -58,4 +58,4 @@ clean:
 include docker/compose.mk
 
 demo-fedfr: install  ## FedFR: pretrain, federated rounds with real processes, generic + personalised evaluation
-	$(BIN)/python -m server.fedfr.demo --out runs/fedfr-demo
+	$(BIN)/fedsim experiment=fedfr-demo --out runs/fedfr-demo

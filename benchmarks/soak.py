@@ -36,6 +36,7 @@ import shutil
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -85,7 +86,7 @@ def _mean(points: dict[int, float], lo: int, hi: int) -> float | None:
     return round(float(np.mean(vals)), 1) if vals else None
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=50)
     ap.add_argument("--kill-every", type=int, default=10, help="0: no site is killed (the baseline)")
@@ -105,83 +106,124 @@ def main() -> None:
         key, sep, value = item.partition("=")
         if not sep or not key:
             ap.error(f"--env expects KEY=VALUE, found {item!r}")
-        os.environ[key] = value  # inherited by fedserver, the SuperLink, the ServerApp and the sites
-    root = Path(a.keep) if a.keep else Path(tempfile.mkdtemp(prefix="soak_"))
-    over = [
-        f"rounds={a.rounds}",
-        "strategy.min_fit_sites=1",
-        f"round_timeout_s={a.round_timeout}",
-        "train.local_expert=false",
+    return a
+
+
+def set_env(items: list[str]) -> None:
+    """``KEY=VALUE`` items into this process's environment, inherited by fedserver, the SuperLink,
+    the ServerApp and the sites."""
+    for item in items:
+        key, _, value = item.partition("=")
+        os.environ[key] = value
+
+
+@dataclass
+class Soak:
+    """What the supervision loop records: the kills, the coordinator restarts and, per SuperLink
+    process (a new one after each restart), the SuperLink's RSS by round ({round: MB})."""
+
+    kills: list[dict] = field(default_factory=list)
+    restarts: list[dict] = field(default_factory=list)
+    superlink_rss: list[dict[int, float]] = field(default_factory=lambda: [{}])
+
+
+def restart_coordinator(fed: Federation, soak: Soak) -> None:
+    """The coordinator died: resume it, as a restart policy would, and restart the sites (the new
+    in-memory SuperLink does not know their nodes)."""
+    soak.restarts.append({"after_round": fed.checkpoint_round(), "fedserver_exit": fed.server.returncode})
+    fed.kill_coordinator()
+    for s in SITES:
+        fed.kill_site(s)
+        fed.start_site(s)
+    fed.start_server(resume=True)
+    soak.superlink_rss.append({})
+
+
+def sample_superlink_rss(fed: Federation, soak: Soak, rnd: int) -> None:
+    """The SuperLink's RSS now, kept as the minimum over the samples of the round in progress."""
+    pid = find_pid(str(fed.run_dir / "flwr_home" / "superlink"), "flower-superlink")
+    mb = rss_mb(pid) if pid else None
+    if mb is not None and rnd >= 0:
+        seg = soak.superlink_rss[-1]
+        seg[rnd + 1] = round(min(mb, seg.get(rnd + 1, mb)), 1)
+
+
+def kill_one_site(fed: Federation, soak: Soak, rnd: int, a: argparse.Namespace) -> None:
+    """After round ``rnd``: the next site in turn dies in the next round and comes back ``down_s`` later."""
+    site = SITES[(rnd // a.kill_every - 1) % len(SITES)]
+    time.sleep(3)  # the next round has been sent: the site dies in it
+    fed.kill_site(site)
+    time.sleep(a.down_s)
+    fed.start_site(site)
+    soak.kills.append({"after_round": rnd, "site": site})
+
+
+def supervise(fed: Federation, a: argparse.Namespace) -> Soak:
+    """Run the federation to its end (or the deadline): restart a dead coordinator, sample the
+    SuperLink's memory, kill a site every ``kill_every`` rounds."""
+    soak = Soak()
+    fed.start_server()
+    for s in SITES:
+        fed.start_site(s)
+    seen = -1
+    killed = set()
+    deadline = time.monotonic() + a.rounds * (a.round_timeout + 120) + 600
+    while time.monotonic() < deadline:
+        if fed.server.poll() is not None:
+            if fed.checkpoint_round() >= a.rounds or len(soak.restarts) >= a.max_restarts:
+                break
+            restart_coordinator(fed, soak)
+        rnd = fed.checkpoint_round()
+        sample_superlink_rss(fed, soak, rnd)
+        if rnd != seen and rnd >= 0:
+            seen = rnd
+            if a.kill_every > 0 and 0 < rnd < a.rounds and rnd % a.kill_every == 0 and rnd not in killed:
+                killed.add(rnd)
+                kill_one_site(fed, soak, rnd, a)
+        time.sleep(0.5)
+    return soak
+
+
+def outcome(fed: Federation, soak: Soak, a: argparse.Namespace) -> dict:
+    """What the run left: its rounds, the ServerApp's end-of-round RSS per process (split at the
+    coordinator restarts), the SuperLink's, the final model, the state file, the sites' states."""
+    rows = [r for r in fed.metrics() if r["round"] > 0]
+    cuts = [r["after_round"] for r in soak.restarts]
+    server_rss = [
+        {
+            r["round"]: r.get("server_rss_mb")
+            for r in rows
+            if (i == 0 or r["round"] > cuts[i - 1]) and (i == len(cuts) or r["round"] <= cuts[i])
+        }
+        for i in range(len(cuts) + 1)
     ]
-    t0 = time.time()
-    kills, restarts = [], []
-    # one {round: MB} per SuperLink process (a new one after each coordinator restart)
-    superlink_rss: list[dict[int, float]] = [{}]
-    with Federation(root, SITES, over) as fed:
-        fed.start_server()
-        for s in SITES:
-            fed.start_site(s)
-        marker = str(fed.run_dir / "flwr_home" / "superlink")
-        seen = -1
-        killed = set()
-        deadline = time.monotonic() + a.rounds * (a.round_timeout + 120) + 600
-        while time.monotonic() < deadline:
-            if fed.server.poll() is not None:
-                if fed.checkpoint_round() >= a.rounds or len(restarts) >= a.max_restarts:
-                    break
-                # the coordinator died: resume it, as a restart policy would, and restart the sites
-                restarts.append({"after_round": fed.checkpoint_round(), "fedserver_exit": fed.server.returncode})
-                fed.kill_coordinator()
-                for s in SITES:
-                    fed.kill_site(s)
-                    fed.start_site(s)
-                fed.start_server(resume=True)
-                superlink_rss.append({})
-            rnd = fed.checkpoint_round()
-            pid = find_pid(marker, "flower-superlink")
-            mb = rss_mb(pid) if pid else None
-            if mb is not None and rnd >= 0:  # the minimum over the samples of the round in progress
-                superlink_rss[-1][rnd + 1] = round(min(mb, superlink_rss[-1].get(rnd + 1, mb)), 1)
-            if rnd != seen and rnd >= 0:
-                seen = rnd
-                if a.kill_every > 0 and 0 < rnd < a.rounds and rnd % a.kill_every == 0 and rnd not in killed:
-                    killed.add(rnd)
-                    site = SITES[(rnd // a.kill_every - 1) % len(SITES)]
-                    time.sleep(3)  # the next round has been sent: the site dies in it
-                    fed.kill_site(site)
-                    time.sleep(a.down_s)
-                    fed.start_site(site)
-                    kills.append({"after_round": rnd, "site": site})
-            time.sleep(0.5)
-        code = fed.server.poll()
-        rows = [r for r in fed.metrics() if r["round"] > 0]
-        # segments of the ServerApp's own end-of-round RSS, split at the coordinator restarts
-        cuts = [r["after_round"] for r in restarts]
-        server_rss = [
-            {
-                r["round"]: r.get("server_rss_mb")
-                for r in rows
-                if (i == 0 or r["round"] > cuts[i - 1]) and (i == len(cuts) or r["round"] <= cuts[i])
-            }
-            for i in range(len(cuts) + 1)
-        ]
-        superlink_rss = [{r: v for r, v in seg.items() if r <= a.rounds} for seg in superlink_rss]
-        final_path = fed.run_dir / "global_final.pt"
-        finite = bool(final_path.is_file() and all(torch.isfinite(v).all() for v in fed.final_arrays().values()))
-        db = fed.run_dir / "superlink.db"
-        db_mb = (
+    final_path = fed.run_dir / "global_final.pt"
+    db = fed.run_dir / "superlink.db"
+    return {
+        "code": fed.server.poll(),
+        "rows": rows,
+        "server_rss": server_rss,
+        "superlink_rss": [{r: v for r, v in seg.items() if r <= a.rounds} for seg in soak.superlink_rss],
+        "finite": bool(final_path.is_file() and all(torch.isfinite(v).all() for v in fed.final_arrays().values())),
+        "db_mb": (
             round(sum(p.stat().st_size for p in fed.run_dir.glob("superlink.db*")) / 1e6, 2) if db.exists() else None
-        )
-        states = {s: (fed.site_state(s) or {}).get("rounds_trained") for s in SITES}
+        ),
+        "states": {s: (fed.site_state(s) or {}).get("rounds_trained") for s in SITES},
+    }
+
+
+def report(a: argparse.Namespace, soak: Soak, o: dict, wall_s: float) -> dict:
+    """The JSON object the soak prints."""
+    rows, server_rss, superlink_rss = o["rows"], o["server_rss"], o["superlink_rss"]
     all_server = {r: v for seg in server_rss for r, v in seg.items()}
     windows = ((5, 15), (a.rounds - 10, a.rounds))  # after start-up vs the last 11 rounds
     means = {f"serverapp_rss_mb_mean_rounds_{lo}_{hi}": _mean(all_server, lo, hi) for lo, hi in windows}
     all_superlink = {r: v for seg in superlink_rss for r, v in seg.items()}
     means |= {f"superlink_rss_mb_mean_rounds_{lo}_{hi}": _mean(all_superlink, lo, hi) for lo, hi in windows}
     last = max(all_server, default=0)
-    result = {
+    return {
         "rounds_requested": a.rounds,
-        "fedserver_exit": code,
+        "fedserver_exit": o["code"],
         "rounds_completed": len(rows),
         "rounds_aggregated": sum(1 for r in rows if r["aggregated"]),
         "updates_expected": len(rows) * len(SITES),
@@ -190,9 +232,9 @@ def main() -> None:
         "updates_lost_no_reply": sum(r["failures"] for r in rows),
         "rounds_with_a_lost_update": [r["round"] for r in rows if r["failures"]],
         "environment": a.env,
-        "kills": kills,
-        "coordinator_restarts": restarts,
-        "site_rounds_trained": states,
+        "kills": soak.kills,
+        "coordinator_restarts": soak.restarts,
+        "site_rounds_trained": o["states"],
         "serverapp_rss_mb_round1": all_server.get(1),
         f"serverapp_rss_mb_round{last}": all_server.get(last),
         # per process, rounds >= 5 of the first process (start-up allocations settle in the first rounds)
@@ -205,14 +247,30 @@ def main() -> None:
             round(slope({r: v for r, v in seg.items() if i or r >= 5}), 3) for i, seg in enumerate(superlink_rss)
         ],
         **means,
-        "superlink_state_file_mb": db_mb,
-        "final_model_finite": finite,
+        "superlink_state_file_mb": o["db_mb"],
+        "final_model_finite": o["finite"],
         "median_round_s": float(np.median([r["fit_seconds"] for r in rows])) if rows else None,
-        "total_wall_s": round(time.time() - t0, 1),
+        "total_wall_s": round(wall_s, 1),
         "serverapp_rss_mb_by_round": server_rss,
         "superlink_rss_mb_by_round": superlink_rss,
     }
-    print(json.dumps(result, indent=2))
+
+
+def main() -> None:
+    a = parse_args()
+    set_env(a.env)
+    root = Path(a.keep) if a.keep else Path(tempfile.mkdtemp(prefix="soak_"))
+    over = [
+        f"rounds={a.rounds}",
+        "strategy.min_fit_sites=1",
+        f"round_timeout_s={a.round_timeout}",
+        "train.local_expert=false",
+    ]
+    t0 = time.time()
+    with Federation(root, SITES, over) as fed:
+        soak = supervise(fed, a)
+        o = outcome(fed, soak, a)
+    print(json.dumps(report(a, soak, o, time.time() - t0), indent=2))
     if not a.keep:
         shutil.rmtree(root, ignore_errors=True)
 

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Protocol
 
 import yaml
 
@@ -96,6 +97,17 @@ def build_superlink_cmd(cfg: ExperimentConfig) -> list[str]:
     return cmd
 
 
+class Engine(Protocol):
+    """A Flower runtime fedserver runs the ServerApp and ClientApp on (an entry of ``ENGINES``)."""
+
+    def prepare(self, cfg: ExperimentConfig) -> None: ...
+    def superlink_cmd(self, cfg: ExperimentConfig) -> list[str]: ...
+    def superlink_env(self, cfg: ExperimentConfig, flwr_home: Path) -> dict[str, str]: ...
+    def run_args(self, cfg: ExperimentConfig) -> list[str]: ...
+    def describe(self, cfg: ExperimentConfig) -> str: ...
+    def cleanup(self) -> list[int]: ...
+
+
 class DeploymentEngine:
     """Flower's deployment runtime: the sites are SuperNodes their operators start (``fedclient``)."""
 
@@ -119,11 +131,13 @@ class DeploymentEngine:
         return []
 
 
-def _simulation_engine():
+def _simulation_engine() -> Engine:
     from server.simulation import SimulationEngine  # imports the site readers: only when chosen
 
     return SimulationEngine()
 
+
+SUPERLINK_DB = "superlink.db"  # the SuperLink's state file in the run folder (superlink.persist_state)
 
 # engine.name -> the runtime that runs the (same) ServerApp and ClientApp
 ENGINES = {"deployment": DeploymentEngine, "simulation": _simulation_engine}
@@ -177,6 +191,8 @@ def _exit_on_signal(signum: int, frame) -> None:
 
 
 def run(cfg: ExperimentConfig, *, resume: bool = False) -> int:
+    """The whole run: checks, the run folder, the SuperLink and the submitted run, polled to its end.
+    Returns 0 when the run completed, else 1 (or the offline stage's code)."""
     # SIGTERM (docker stop, systemd, a supervisor) must stop what fedserver started: the SuperLink
     # runs in its own process group and would otherwise outlive it
     signal.signal(signal.SIGTERM, _exit_on_signal)
@@ -194,63 +210,93 @@ def run(cfg: ExperimentConfig, *, resume: bool = False) -> int:
     # after a coordinator crash `fedserver resume=RUN_DIR` reopens it and the sites' SuperNodes (still
     # retrying, up to their --max-wait-time) carry on with their node ids. In memory (the default)
     # they are refused by the new SuperLink and their fedclient must be restarted.
-    db = run_dir / "superlink.db"
-    db_kept = resume and db.is_file() and cfg.superlink.persist_state
+    db_kept = resume and (run_dir / SUPERLINK_DB).is_file() and cfg.superlink.persist_state
     if not resume:
-        retire_previous_run(run_dir)
-        (run_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
-        for old in [*run_dir.glob("superlink.db*"), run_dir / SITE_NODES]:  # a new run: fresh SuperLink state
-            old.unlink(missing_ok=True)
-    else:
-        if announce_resume(cfg):  # every round was done already
-            return 0
+        start_new_run(run_dir, cfg)
+    elif announce_resume(cfg):  # every round was done already
+        return 0
+    serve(cfg, engine, run_dir, register_keys=bool(cfg.superlink.node_auth and cfg.superlink.site_keys and not db_kept))
+    return report_status(run_dir)
+
+
+def start_new_run(run_dir: Path, cfg: ExperimentConfig) -> None:
+    """An earlier run's outputs to ``run_dir/previous/``, this run's config, a fresh SuperLink state."""
+    retire_previous_run(run_dir)
+    (run_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
+    for old in [*run_dir.glob(f"{SUPERLINK_DB}*"), run_dir / SITE_NODES]:
+        old.unlink(missing_ok=True)
+
+
+def serve(cfg: ExperimentConfig, engine: Engine, run_dir: Path, *, register_keys: bool) -> None:
+    """Start the SuperLink, register the site keys (``register_keys``), submit the run and poll it
+    to its end; the SuperLink, `flwr run` and the engine's processes are stopped however it ends."""
     home = run_dir / "flwr_home"
-    db_args = ["--database", str(db)] if cfg.superlink.persist_state else []  # default: in memory
-    # the ServerApp (a child of the SuperLink, on either engine) reads the whole experiment from this file
-    superlink_env = {
-        **engine.superlink_env(cfg, home / "superlink"),
-        SERVERAPP_ENV: str(write_serverapp_config(run_dir.resolve(), cfg)),
-    }
-    superlink = processes.start(engine.superlink_cmd(cfg) + db_args, superlink_env, log_path=run_dir / "superlink.log")
+    superlink = start_superlink(cfg, engine, run_dir, home / "superlink")
     submit = None
     try:
         host, port = processes.split_address(cfg.superlink.address)
         processes.wait_for_port(host, port, cfg.superlink.startup_timeout_s, superlink)
         print(f"fedserver: SuperLink listening on {cfg.superlink.address}; {engine.describe(cfg)}", flush=True)
         conn = write_cli_config(home / "cli", cfg)
-        if cfg.superlink.node_auth and cfg.superlink.site_keys and not db_kept:  # a resumed state has them
+        if register_keys:  # a resumed SuperLink state has them
             ids = admin.register_site_keys(cfg.superlink.site_keys, home / "cli", conn)
             # the ServerApp names each node by its registered key, never by what the node claims
             write_site_nodes(run_dir / SITE_NODES, ids)
-        cmd = [
-            processes.executable("flwr"),
-            "run",
-            cfg.app_dir,
-            conn,
-            "--stream",
-            "--run-config",
-            str(run_config_file(run_dir, cfg)),
-            *engine.run_args(cfg),
-        ]
-        submit = subprocess.Popen(cmd, env=processes.tool_env(home / "cli"), start_new_session=True)
-        limit = cfg.wait_for_sites_s + cfg.rounds * cfg.round_timeout_s + 300
-        deadline = time.monotonic() + limit
-        while submit.poll() is None:
-            if _status(run_dir) in ("completed", "failed"):
-                time.sleep(2)  # let the last log lines stream
-                break
-            if superlink.poll() is not None:
-                print(f"fedserver: the SuperLink exited with code {superlink.returncode} (see superlink.log)")
-                break
-            if time.monotonic() > deadline:
-                print(f"fedserver: the run did not finish within {limit:.0f}s; stopping it", file=sys.stderr)
-                break
-            time.sleep(1)
+        submit = submit_run(cfg, engine, run_dir, home / "cli", conn)
+        poll_run(cfg, run_dir, submit, superlink)
     finally:
         if submit is not None:
             processes.stop(submit, grace_s=5)
         processes.stop(superlink, grace_s=10)
         engine.cleanup()
+
+
+def start_superlink(cfg: ExperimentConfig, engine: Engine, run_dir: Path, flwr_home: Path) -> subprocess.Popen:
+    """The engine's SuperLink, its state in ``run_dir/superlink.db`` (superlink.persist_state) or in memory."""
+    db_args = ["--database", str(run_dir / SUPERLINK_DB)] if cfg.superlink.persist_state else []
+    # the ServerApp (a child of the SuperLink, on either engine) reads the whole experiment from this file
+    env = {
+        **engine.superlink_env(cfg, flwr_home),
+        SERVERAPP_ENV: str(write_serverapp_config(run_dir.resolve(), cfg)),
+    }
+    return processes.start(engine.superlink_cmd(cfg) + db_args, env, log_path=run_dir / "superlink.log")
+
+
+def submit_run(cfg: ExperimentConfig, engine: Engine, run_dir: Path, cli_home: Path, conn: str) -> subprocess.Popen:
+    """``flwr run APP CONN --stream``: the run, with the experiment's site view as its run config."""
+    cmd = [
+        processes.executable("flwr"),
+        "run",
+        cfg.app_dir,
+        conn,
+        "--stream",
+        "--run-config",
+        str(run_config_file(run_dir, cfg)),
+        *engine.run_args(cfg),
+    ]
+    return subprocess.Popen(cmd, env=processes.tool_env(cli_home), start_new_session=True)
+
+
+def poll_run(cfg: ExperimentConfig, run_dir: Path, submit: subprocess.Popen, superlink: subprocess.Popen) -> None:
+    """Until the run completes or fails (status.json), `flwr run` or the SuperLink exits, or the
+    bound (waiting for sites, every round's timeout, 300 s) passes."""
+    limit = cfg.wait_for_sites_s + cfg.rounds * cfg.round_timeout_s + 300
+    deadline = time.monotonic() + limit
+    while submit.poll() is None:
+        if _status(run_dir) in ("completed", "failed"):
+            time.sleep(2)  # let the last log lines stream
+            return
+        if superlink.poll() is not None:
+            print(f"fedserver: the SuperLink exited with code {superlink.returncode} (see superlink.log)")
+            return
+        if time.monotonic() > deadline:
+            print(f"fedserver: the run did not finish within {limit:.0f}s; stopping it", file=sys.stderr)
+            return
+        time.sleep(1)
+
+
+def report_status(run_dir: Path) -> int:
+    """0 and where the outputs are when the run completed, else 1."""
     status = _status(run_dir)
     if status == "completed":
         print(f"fedserver: run completed; outputs in {run_dir}", flush=True)

@@ -1,7 +1,8 @@
 """``fedsim``: a whole federation on one machine (what `make demo` runs).
 
 Writes synthetic private datasets (Market-1501 layout; each site a domain with its own identities)
-and unseen target domains, then runs the federation on one of Flower's runtimes:
+and unseen target domains (server/fedreid/demo.py), then runs the federation on one of Flower's
+runtimes (server/launch.py):
 
 - ``--engine deployment`` (default): ``fedserver`` and one ``fedclient`` per site on loopback, as
   real separate processes;
@@ -19,96 +20,26 @@ instead (server/fedfr/demo.py, the same options).
 from __future__ import annotations
 
 import argparse
-import json
-import shutil
-import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-from common import processes
-from common.config.compose import REPO_ROOT, compose_experiment
-from common.datasets import layouts, synthetic
-from common.datasets.fingerprint import data_fingerprint, is_current, mark_complete
-from common.datasets.layouts import write_layout
-from common.datasets.synthetic import write_market_layout
+from common.config.compose import compose_experiment
 from server.fedfr.demo import main as fedfr_main
-from server.launch import simulation_overrides, site_list
+from server.fedreid.demo import DEFAULT_SITES, TARGETS, summarize, write_data
+from server.launch import (
+    LocalSite,
+    clear_site_states,
+    loopback_address,
+    run_federation,
+    simulation_overrides,
+    site_list,
+)
 from server.sim_worlds import POOLED, WORLDS, pool_sites, write_class_data
 
-DEFAULT_SITES = ["market1501", "dukemtmc", "cuhk03", "msmt17"]
-# --site-layouts real: each site's data in the real layout of the dataset it stands for
-REAL_LAYOUTS = {"market1501": "market1501", "dukemtmc": "dukemtmc", "cuhk03": "cuhk03", "msmt17": "msmt17"}
-# unseen target domains: (layout = reader, seed, layout options)
-TARGETS = {"synth_a": ("market1501", 101), "synth_b": ("market1501", 102)}
 
-
-def write_data(
-    data_dir: Path, sites: list[str], *, train_ids: int, images_per_id: int, target_ids: int, real_layouts: bool = False
-) -> dict:
-    """One private dataset per site and two unseen target domains (reused only if the current
-    generator wrote them with these parameters, else rewritten: see common/datasets/fingerprint.py).
-
-    Returns name -> (reader, root). By default every site is written in the Market-1501 layout;
-    ``real_layouts`` writes dukemtmc, cuhk03 and msmt17 in their own layouts (read by their readers).
-    """
-    roots = {}
-    for i, site in enumerate(sites):
-        layout = REAL_LAYOUTS.get(site, "market1501") if real_layouts else "market1501"
-        opts = {"extract": True} if layout == "cuhk03" else {}
-        params = {
-            "layout": layout,
-            "num_ids": 2 * train_ids,
-            "images_per_id": min(images_per_id, 10),
-            "seed": 10 + i,
-            "identity_seed": 1000 + i,
-            "height": 128,
-            "width": 64,
-            **opts,
-        }
-        roots[site] = (
-            layout,
-            _write_once(
-                data_dir / site,
-                params,
-                lambda root, p: write_layout(p["layout"], root, **{k: v for k, v in p.items() if k != "layout"}),
-            ),
-        )
-    for name, (layout, seed) in TARGETS.items():
-        params = {
-            "num_train_ids": 2,
-            "num_test_ids": target_ids,
-            "images_per_id": 8,
-            "num_distractors": 20,
-            "seed": seed,
-            "identity_seed": 2000 + seed,
-        }
-        roots[name] = (layout, _write_once(data_dir / name, params, lambda root, p: write_market_layout(root, **p)))
-    return roots
-
-
-def _write_once(root: Path, params: dict, write) -> Path:
-    """``write(root, params)`` unless ``root`` already holds exactly what the current generator
-    writes with ``params`` (fingerprint of its source and the parameters); stale data is replaced."""
-    fp = data_fingerprint([synthetic, layouts], params)
-    if not is_current(root, fp):
-        shutil.rmtree(root, ignore_errors=True)
-        write(root, params)
-        mark_complete(root, fp, params)
-    return root
-
-
-def clear_site_states(state_dir: Path, sites: list[str]) -> None:
-    """A demo starts every site afresh: no head, expert or optimiser state of an earlier run."""
-    for site in sites:
-        shutil.rmtree(state_dir / site, ignore_errors=True)
-
-
-def main(argv: list[str] | None = None) -> None:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if "experiment=fedfr-demo" in argv:  # the FedFR demo, same options
-        return fedfr_main([a for a in argv if a != "experiment=fedfr-demo"])
+def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    """fedsim's options and the Hydra overrides of the run."""
     p = argparse.ArgumentParser(
         prog="fedsim", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -168,10 +99,12 @@ def main(argv: list[str] | None = None) -> None:
     a.sites = site_list(a.sites, a.engine)
     if a.pool_sites and a.engine != "simulation":
         raise SystemExit("--pool-sites: the pooled site runs as a virtual site; add --engine simulation")
-    out = Path(a.out).resolve()
-    out.mkdir(parents=True, exist_ok=True)
-    data_dir = Path(a.data_dir).resolve() if a.data_dir else out / "data"
-    t0 = time.time()
+    return a, overrides
+
+
+def write_world(a: argparse.Namespace, data_dir: Path) -> tuple[dict, dict, list[str]]:
+    """The run's data: (name -> (reader, root) of every site, of every evaluation target; the sites
+    that take part: ``--pool-sites`` replaces them by the one pooled site)."""
     if a.world == "reid":
         roots = write_data(
             data_dir,
@@ -195,91 +128,58 @@ def main(argv: list[str] | None = None) -> None:
             queries_per_class=a.queries_per_class,
             gallery_per_class=a.gallery_per_class,
         )
-    if a.pool_sites:
-        roots |= pool_sites(data_dir, {s: roots[s] for s in a.sites})
-        a.sites = [POOLED]
-    print(f"fedsim: data in {data_dir} ({time.time() - t0:.1f}s)", flush=True)
-    clear_site_states(out / "state", a.sites)  # the run folder itself is retired by fedserver
-    port = a.port or processes.free_port()
-    address = f"127.0.0.1:{port}"
-    server_overrides = [
+    if not a.pool_sites:
+        return roots, targets, a.sites
+    roots |= pool_sites(data_dir, {s: roots[s] for s in a.sites})
+    return roots, targets, [POOLED]
+
+
+def server_overrides(
+    out: Path, sites: list[LocalSite], targets: dict, engine: str, superlink: str, overrides: list[str]
+) -> list[str]:
+    """fedserver's overrides: the demo experiment on these sites and targets, then the user's."""
+    return [
         "experiment=demo",
         f"run_dir={out}",
-        f"sites=[{','.join(a.sites)}]",
-        f"strategy.min_available_sites={len(a.sites)}",
-        f"superlink.address={address}",
+        f"sites=[{','.join(s.name for s in sites)}]",
+        f"strategy.min_available_sites={len(sites)}",
+        f"superlink.address={superlink}",
         "superlink.insecure=true",
         *[f"++eval.targets.{n}.reader={reader}" for n, (reader, _) in targets.items()],
         *[f"++eval.targets.{n}.root={root}" for n, (_, root) in targets.items()],
-        *(
-            simulation_overrides({s: (*roots[s], out / "state" / s) for s in a.sites})
-            if a.engine == "simulation"
-            else []
-        ),
+        *(simulation_overrides(sites) if engine == "simulation" else []),
         *overrides,
     ]
-    py = sys.executable
-    procs: list = []
-    batch_size = compose_experiment(server_overrides).train.batch_size  # the sites check their data against it
 
-    def shutdown(*_):
-        for proc in reversed(procs):
-            processes.stop(proc, grace_s=5)
 
-    signal.signal(signal.SIGTERM, lambda *_: (shutdown(), sys.exit(143)))
-    try:
-        server = processes.start([py, "-m", "server.main", *server_overrides], processes.tool_env(), cwd=REPO_ROOT)
-        procs.append(server)
-        for site in a.sites if a.engine == "deployment" else []:  # simulation: virtual sites in Ray workers
-            cmd = [
-                py,
-                "-m",
-                "client.main",
-                "--site",
-                site,
-                "--superlink",
-                address,
-                "--insecure",
-                "--data-root",
-                str(roots[site][1]),
-                "--reader",
-                roots[site][0],
-                "--state-dir",
-                str(out / "state" / site),
-                "--port",
-                str(processes.free_port()),
-                "--max-wait-time",
-                "120",
-                "--batch-size",
-                str(batch_size),
-            ] + (["--no-site-process"] if a.no_site_process else [])
-            procs.append(processes.start(cmd, processes.tool_env(), log_path=out / f"site_{site}.log", cwd=REPO_ROOT))
-        try:
-            code = server.wait(timeout=a.timeout)
-        except subprocess.TimeoutExpired:
-            print(f"fedsim: the run did not finish within {a.timeout:.0f}s", file=sys.stderr)
-            code = 1
-    except KeyboardInterrupt:
-        code = 130
-    finally:
-        shutdown()
+def main(argv: list[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "experiment=fedfr-demo" in argv:  # the FedFR demo, same options
+        return fedfr_main([a for a in argv if a != "experiment=fedfr-demo"])
+    a, overrides = parse_args(argv)
+    out = Path(a.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    data_dir = Path(a.data_dir).resolve() if a.data_dir else out / "data"
+    t0 = time.time()
+    roots, targets, names = write_world(a, data_dir)
+    print(f"fedsim: data in {data_dir} ({time.time() - t0:.1f}s)", flush=True)
+    sites = [LocalSite(s, *roots[s], out / "state" / s) for s in names]
+    clear_site_states(sites)  # the run folder itself is retired by fedserver
+    superlink = loopback_address(a.port)
+    args = server_overrides(out, sites, targets, a.engine, superlink, overrides)
+    code = run_federation(
+        args,
+        sites,
+        engine=a.engine,
+        superlink=superlink,
+        log_dir=out,
+        timeout_s=a.timeout,
+        prog="fedsim",
+        batch_size=compose_experiment(args).train.batch_size,  # the sites check their data against it
+        site_extra=["--no-site-process"] if a.no_site_process else [],
+    )
     summarize(out, time.time() - t0)
     sys.exit(code)
-
-
-def summarize(out: Path, seconds: float) -> None:
-    try:
-        rows = json.loads((out / "metrics.json").read_text())
-    except (OSError, ValueError):
-        return
-    evaluated = [r for r in rows if "mean/R1" in r]
-    if len(evaluated) >= 2:
-        first, last = evaluated[0], evaluated[-1]
-        keys = sorted(k for k in last if k.endswith(("/R1", "/R5", "/mAP")))
-        print(f"fedsim: {seconds:.0f}s in all; round {first['round']} -> round {last['round']}:")
-        for k in keys:
-            print(f"  {k:16s} {100 * first.get(k, float('nan')):5.1f} -> {100 * last[k]:5.1f}")
-    print(f"fedsim: outputs in {out} (metrics.json, metrics.csv, curves.png, global_final.pt)")
 
 
 if __name__ == "__main__":

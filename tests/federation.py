@@ -1,5 +1,6 @@
-"""A real federation on loopback for fault tests: fedserver and fedclient processes that a test
-can kill, restart, freeze and resume, with every wait bounded and every process reaped.
+"""A real federation on loopback for fault tests: the launcher's fedserver and fedclient processes
+(server/launch.py) on tiny synthetic sites, which a test can kill, restart, freeze and resume, with
+every wait bounded and every process reaped (also what a crash leaves behind).
 
     with Federation(tmp_path, ["market1501", "dukemtmc"], ["rounds=3"]) as fed:
         fed.start_server(); fed.start_site("market1501"); ...
@@ -13,7 +14,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -24,9 +24,8 @@ import torch
 from common import processes
 from common.checkpoint import torch_load
 from common.datasets.synthetic import write_market_layout
+from server.launch import Launcher, LocalSite
 from tests.procutil import kill_all, processes_mentioning
-
-REPO = Path(__file__).resolve().parents[1]
 
 # tiny and deterministic: resnet18 at 32x16, one step of 4 images per round, one torch thread
 TINY = [
@@ -56,8 +55,7 @@ class Federation:
             "superlink.insecure=true",
             *overrides,
         ]
-        self.server: subprocess.Popen | None = None
-        self.site_procs: dict[str, subprocess.Popen] = {}
+        self.launcher = Launcher(f"127.0.0.1:{self.port}", self.root)
         for i, site in enumerate(sites):
             data = self.data_root(site)
             if not data.is_dir():
@@ -86,7 +84,7 @@ class Federation:
         return self.root / "state" / site
 
     def site_log(self, site: str) -> Path:
-        return self.root / f"site_{site}.log"
+        return self.launcher.site_log(site)
 
     def metrics(self) -> list[dict]:
         try:
@@ -120,48 +118,21 @@ class Federation:
         return int([o for o in self.overrides if o.startswith("train.batch_size=")][-1].split("=", 1)[1])
 
     # ---- processes ----
+    @property
+    def server(self) -> subprocess.Popen | None:
+        return self.launcher.server
+
     def start_server(self, *, resume: bool = False) -> subprocess.Popen:
         args = [f"resume={self.run_dir}"] if resume else self.overrides
-        self.server = processes.start(
-            [sys.executable, "-m", "server.main", *args],
-            processes.tool_env(),
-            log_path=self.root / "fedserver.log",
-            cwd=REPO,
-        )
-        return self.server
+        return self.launcher.start_server(args, log_path=self.root / "fedserver.log")
 
     def start_site(self, site: str, fault: str = "") -> subprocess.Popen:
-        cmd = [
-            sys.executable,
-            "-m",
-            "client.main",
-            "--site",
-            site,
-            "--superlink",
-            f"127.0.0.1:{self.port}",
-            "--insecure",
-            "--data-root",
-            str(self.data_root(site)),
-            "--reader",
-            "market1501",
-            "--state-dir",
-            str(self.state_dir(site)),
-            "--port",
-            str(processes.free_port()),
-            "--max-wait-time",
-            "120",
-            "--batch-size",
-            str(self.batch_size()),
-        ]
-        if fault:
-            cmd += ["--fault", fault]
-        self.site_procs[site] = processes.start(cmd, processes.tool_env(), log_path=self.site_log(site), cwd=REPO)
-        return self.site_procs[site]
+        local = LocalSite(site, "market1501", self.data_root(site), self.state_dir(site))
+        return self.launcher.start_site(local, batch_size=self.batch_size(), extra=["--fault", fault] if fault else [])
 
     def kill_site(self, site: str) -> None:
         """SIGKILL the site's fedclient, SuperNode and ClientApp processes (a crash, no clean-up)."""
-        proc = self.site_procs.pop(site)
-        _kill_group(proc)
+        self.launcher.kill(self.launcher.sites.pop(site))
         for pid in processes_mentioning(str(self.state_dir(site) / "flwr_home")):
             _kill_pid(pid)
 
@@ -185,7 +156,7 @@ class Federation:
     def kill_coordinator(self) -> None:
         """SIGKILL fedserver, its SuperLink, ServerApp and `flwr run` (a crash of the coordinator machine)."""
         if self.server is not None:
-            _kill_group(self.server)
+            self.launcher.kill(self.server)
         for pid in processes_mentioning(str(self.run_dir / "flwr_home")):
             _kill_pid(pid)
 
@@ -206,22 +177,12 @@ class Federation:
         raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}\n{self.logs()}")
 
     def logs(self, tail: int = 3000) -> str:
-        out = []
-        for p in sorted(self.root.glob("*.log")):
-            out.append(f"--- {p.name}\n{p.read_text(errors='replace')[-tail:]}")
-        return "\n".join(out)
+        return self.launcher.logs(tail)
 
     def close(self) -> None:
-        for proc in [self.server, *self.site_procs.values()]:
-            if proc is not None:
-                kill_all(proc, str(self.root))
+        """SIGKILL everything the launcher started, then whatever else mentions this test's folder."""
+        self.launcher.kill_all()
         kill_all(None, str(self.root))
-
-
-def _kill_group(proc: subprocess.Popen) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait(timeout=30)
 
 
 def _kill_pid(pid: int) -> None:

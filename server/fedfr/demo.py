@@ -20,19 +20,23 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-from common import processes
-from common.config.compose import REPO_ROOT, compose_experiment
+from common.config.compose import compose_experiment
 from common.datasets import face_split, synthetic_faces
 from common.datasets.face_split import plan_split, read_identities, write_split
 from common.datasets.fingerprint import MARKER, data_fingerprint, is_current, mark_complete
 from common.datasets.synthetic_faces import write_identity_folders, write_ijbc_layout
-from server.launch import simulation_overrides, site_list
+from server.launch import (
+    LocalSite,
+    clear_site_states,
+    loopback_address,
+    run_federation,
+    simulation_overrides,
+    site_list,
+)
 
 # The IJB-C-style set is written as aligned 112x112 crops without landmarks (what the evaluation
 # accepts without meta/ijbc_name_5pts_score.txt); the evaluation resizes them to fedfr.image_size.
@@ -78,7 +82,8 @@ def write_data(data: Path, sites: list[str], a: argparse.Namespace) -> dict[str,
     return {"public": data / "public", "ijbc": data / "ijbc", **{s: data / "split" / "clients" / s for s in sites}}
 
 
-def main(argv: list[str] | None = None) -> None:
+def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
+    """The demo's options and the Hydra overrides of its runs."""
     p = argparse.ArgumentParser(
         prog="python -m server.fedfr.demo", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -107,15 +112,14 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--timeout", type=float, default=1200, help="seconds before everything is stopped")
     a, overrides = p.parse_known_args(argv)
     a.sites = site_list(a.sites, a.engine, prefix="face")
-    out = Path(a.out).resolve()
-    out.mkdir(parents=True, exist_ok=True)
-    t0 = time.time()
-    roots = write_data(out / "data", a.sites, a)
-    print(f"sim_fedfr: synthetic faces in {out / 'data'} ({time.time() - t0:.0f}s)", flush=True)
-    for site in a.sites:  # every site starts afresh (no DFC, W_l or previous model of an earlier run)
-        shutil.rmtree(out / "state" / site, ignore_errors=True)
-    address = f"127.0.0.1:{a.port or processes.free_port()}"
-    common_overrides = [
+    return a, overrides
+
+
+def run_overrides(
+    a: argparse.Namespace, out: Path, roots: dict[str, Path], sites: list[LocalSite], overrides: list[str]
+) -> list[str]:
+    """Every fedserver run of the demo (pre-training, federation) and the evaluation: this experiment."""
+    return [
         "experiment=fedfr-demo",
         f"run_dir={out}",
         f"sites=[{','.join(a.sites)}]",
@@ -124,78 +128,64 @@ def main(argv: list[str] | None = None) -> None:
         f"fedfr.image_size={a.size}",
         f"fedfr.public_root={roots['public']}",
         f"fedfr.ijbc_root={roots['ijbc']}",
-        *[f"++fedfr.eval_sites.{s}.data_root={roots[s]}" for s in a.sites],
-        *[f"++fedfr.eval_sites.{s}.state_dir={out / 'state' / s}" for s in a.sites],
-        *(
-            simulation_overrides({s: ("face_site", roots[s], out / "state" / s) for s in a.sites}, roots["public"])
-            if a.engine == "simulation"
-            else []
-        ),
+        *[f"++fedfr.eval_sites.{s.name}.data_root={s.data_root}" for s in sites],
+        *[f"++fedfr.eval_sites.{s.name}.state_dir={s.state_dir}" for s in sites],
+        *(simulation_overrides(sites) if a.engine == "simulation" else []),
         *overrides,
     ]
-    py = sys.executable
-    code = subprocess.call(
-        [py, "-m", "server.main", *common_overrides, "fedfr.stage=pretrain"],
-        cwd=REPO_ROOT,
-        env=processes.tool_env(),
-        timeout=a.timeout,
+
+
+def local_sites(out: Path, roots: dict[str, Path], names: list[str]) -> list[LocalSite]:
+    """The demo's sites: their split of the faces, their state under ``out/state``, the public set."""
+    return [LocalSite(s, "face_site", roots[s], out / "state" / s, public_root=roots["public"]) for s in names]
+
+
+def pretrain(overrides: list[str], out: Path, timeout_s: float) -> int:
+    """Step 2: ``fedserver fedfr.stage=pretrain``: Theta_g^0 and Phi_g on the public identities (no site)."""
+    return run_federation(
+        [*overrides, "fedfr.stage=pretrain"],
+        [],
+        engine="deployment",
+        superlink="",
+        log_dir=out,
+        timeout_s=timeout_s,
+        prog="sim_fedfr",
     )
-    if code != 0:
+
+
+def federate(a: argparse.Namespace, out: Path, sites: list[LocalSite], overrides: list[str]) -> int:
+    """Step 3: the federated rounds, fedserver and a fedclient per site (or the simulation engine)."""
+    superlink = loopback_address(a.port)
+    return run_federation(
+        [*overrides, f"superlink.address={superlink}", "superlink.insecure=true"],
+        sites,
+        engine=a.engine,
+        superlink=superlink,
+        log_dir=out,
+        timeout_s=a.timeout,
+        prog="sim_fedfr",
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    a, overrides = parse_args(argv)
+    out = Path(a.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.time()
+    roots = write_data(out / "data", a.sites, a)
+    print(f"sim_fedfr: synthetic faces in {out / 'data'} ({time.time() - t0:.0f}s)", flush=True)
+    sites = local_sites(out, roots, a.sites)
+    clear_site_states(sites)  # every site starts afresh (no DFC, W_l or previous model of an earlier run)
+    run = run_overrides(a, out, roots, sites, overrides)
+    if code := pretrain(run, out, a.timeout):
         sys.exit(code)
     print(f"sim_fedfr: pre-trained ({time.time() - t0:.0f}s)", flush=True)
-    procs: list[subprocess.Popen] = []
-
-    def shutdown(*_):
-        for proc in reversed(procs):
-            processes.stop(proc, grace_s=5)
-
-    signal.signal(signal.SIGTERM, lambda *_: (shutdown(), sys.exit(143)))
-    try:
-        server = processes.start(
-            [py, "-m", "server.main", *common_overrides, f"superlink.address={address}", "superlink.insecure=true"],
-            processes.tool_env(),
-            cwd=REPO_ROOT,
-        )
-        procs.append(server)
-        for site in a.sites if a.engine == "deployment" else []:  # simulation: virtual sites in Ray workers
-            cmd = [
-                py,
-                "-m",
-                "client.main",
-                "--site",
-                site,
-                "--superlink",
-                address,
-                "--insecure",
-                "--data-root",
-                str(roots[site]),
-                "--reader",
-                "face_site",
-                "--public-root",
-                str(roots["public"]),
-                "--state-dir",
-                str(out / "state" / site),
-                "--port",
-                str(processes.free_port()),
-                "--max-wait-time",
-                "120",
-            ]
-            procs.append(processes.start(cmd, processes.tool_env(), log_path=out / f"site_{site}.log", cwd=REPO_ROOT))
-        try:
-            code = server.wait(timeout=a.timeout)
-        except subprocess.TimeoutExpired:
-            print(f"sim_fedfr: the run did not finish within {a.timeout:.0f}s", file=sys.stderr)
-            code = 1
-    except KeyboardInterrupt:
-        code = 130
-    finally:
-        shutdown()
-    if code != 0:
+    if code := federate(a, out, sites, run):
         sys.exit(code)
     print(f"sim_fedfr: federated training done ({time.time() - t0:.0f}s); evaluating", flush=True)
     from server.fedfr.evaluate import fedfr_eval_main
 
-    code = fedfr_eval_main(compose_experiment(common_overrides))
+    code = fedfr_eval_main(compose_experiment(run))
     summarize(out)
     print(f"sim_fedfr: {time.time() - t0:.0f}s in all; outputs in {out} (fedfr_eval.md, metrics.json, ...)")
     sys.exit(code)
