@@ -33,6 +33,8 @@ import threading
 import time
 from pathlib import Path
 
+import psutil
+
 REPO = Path(__file__).resolve().parents[1]
 WORK = [
     "--train-ids",
@@ -53,27 +55,17 @@ WORK = [
 SIM = ["--engine", "simulation", "engine.num_cpus=1", "engine.object_store_fraction=0.05"]
 
 
-def rss_mb(pid: int) -> float:
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            return next(int(ln.split()[1]) for ln in f if ln.startswith("VmRSS:")) / 1024
-    except (OSError, StopIteration, ValueError):
-        return 0.0
-
-
 def run_processes(marker: str) -> dict[str, float]:
     """Resident memory (MB) of the run's processes (those whose environment mentions ``marker``), by role."""
     roles = {"coordinator": 0.0, "ray_workers": 0.0, "ray_daemons": 0.0, "workers": 0}
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
+    for p in psutil.process_iter():
         try:
-            if marker.encode() not in (d / "environ").read_bytes():
+            if not any(marker in f"{k}={v}" for k, v in p.environ().items()):
                 continue
-            cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
+            cmd = " ".join(p.cmdline())
+            mb = p.memory_info().rss / 2**20
+        except psutil.Error:  # gone, or another user's
             continue
-        mb = rss_mb(int(d.name))
         if "flwr-simulation" in cmd or "flwr-serverapp" in cmd:
             roles["coordinator"] += mb
         elif cmd.startswith("ray::"):

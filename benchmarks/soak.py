@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import psutil
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
@@ -53,22 +54,19 @@ SITES = ["market1501", "dukemtmc", "cuhk03", "msmt17"]
 
 def rss_mb(pid: int) -> float | None:
     try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
+        return psutil.Process(pid).memory_info().rss / 2**20
+    except psutil.Error:
         return None
-    return None
 
 
 def find_pid(marker: str, program: str) -> int | None:
     """The process whose environment mentions ``marker`` and whose command line runs ``program``."""
     for pid in processes_mentioning(marker):
         try:
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        except OSError:
+            cmd = psutil.Process(pid).cmdline()
+        except psutil.Error:
             continue
-        if any(part.endswith(program.encode()) for part in cmd[:2]):
+        if any(part.endswith(program) for part in cmd[:2]):
             return pid
     return None
 

@@ -1,4 +1,5 @@
-"""Starting and stopping the Flower processes (SuperLink, SuperNodes, `flwr run`), always bounded."""
+"""Starting and stopping the Flower processes (SuperLink, SuperNodes, `flwr run`), always bounded;
+finding a run's processes and their memory (psutil)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+
+import psutil
 
 MALLOC_ARENA_MAX = "2"
 # Every process a run starts inherits this variable (SuperLink, flwr-simulation, Ray's daemons and
@@ -116,30 +119,32 @@ def free_port() -> int:
 
 
 def process_age_s() -> float:
-    """Seconds since this process started (Linux /proc; 0.0 where unavailable)."""
+    """Seconds since this process started (0.0 where the system does not tell)."""
     try:
-        with open("/proc/self/stat") as f:
-            start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])
-        with open("/proc/stat") as f:
-            boot = next(int(line.split()[1]) for line in f if line.startswith("btime"))
-        return max(0.0, time.time() - (boot + start_ticks / os.sysconf("SC_CLK_TCK")))
-    except (OSError, ValueError, StopIteration, IndexError):
+        return max(0.0, time.time() - psutil.Process().create_time())
+    except psutil.Error:
+        return 0.0
+
+
+def rss_mb(pid: int | None = None) -> float:
+    """Resident memory of process ``pid`` (default: this one) in MB; 0.0 when it is gone."""
+    try:
+        return psutil.Process(pid).memory_info().rss / 2**20
+    except psutil.Error:
         return 0.0
 
 
 def tagged_pids(tag: str) -> list[int]:
-    """Pids of this user's processes whose environment holds ``FEDREID_RUN_TAG=<tag>`` (Linux /proc)."""
-    needle = f"{RUN_TAG_ENV}={tag}".encode()
+    """Pids of this user's processes whose environment holds ``FEDREID_RUN_TAG=<tag>``."""
     me, found = os.getpid(), []
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit() or int(d.name) == me:
+    for p in psutil.process_iter():
+        if p.pid == me:
             continue
         try:
-            env = (d / "environ").read_bytes()
-        except OSError:  # gone, or another user's
+            if p.environ().get(RUN_TAG_ENV) == tag:
+                found.append(p.pid)
+        except psutil.Error:  # gone, a zombie, or another user's
             continue
-        if needle in env.split(b"\0"):
-            found.append(int(d.name))
     return found
 
 
@@ -173,7 +178,6 @@ def _signal_pid(pid: int, sig: int) -> None:
 def _alive(pid: int) -> bool:
     """Running (a zombie, dead but not yet reaped by its parent, counts as gone)."""
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
         return False

@@ -11,6 +11,7 @@ import numpy as np
 
 from common.checkpoint import atomic_json_save, save_global_checkpoint
 from common.config.experiment import ExperimentConfig
+from common.processes import rss_mb
 from server.checkpoint import CHECKPOINT, ServerCheckpoint, capture_rng, save_server_checkpoint
 from server.metrics_log import MetricsLog
 from server.strategy import RoundRecord
@@ -126,8 +127,4 @@ def summarize_sites(per_site: dict[str, dict[str, float]]) -> dict[str, float]:
 
 def _rss_mb() -> float:
     """Resident memory of this (ServerApp) process in MB, at the same point of every round."""
-    try:
-        with open("/proc/self/status") as f:
-            return round(next(int(ln.split()[1]) for ln in f if ln.startswith("VmRSS:")) / 1024, 1)
-    except (OSError, StopIteration, ValueError):
-        return 0.0
+    return round(rss_mb(), 1)

@@ -8,20 +8,22 @@ import signal
 import subprocess
 from pathlib import Path
 
+import psutil
+
 
 def processes_mentioning(marker: str) -> list[int]:
     """Pids whose command line or environment mentions ``marker`` (e.g. a test's tmp folder)."""
     me = os.getpid()
     found = []
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit() or int(d.name) == me:
+    for p in psutil.process_iter():
+        if p.pid == me:
             continue
         try:
-            blob = (d / "cmdline").read_bytes() + b"\0" + (d / "environ").read_bytes()
-        except OSError:
+            words = [*p.cmdline(), *(f"{k}={v}" for k, v in p.environ().items())]
+        except psutil.Error:  # gone, a zombie, or another user's
             continue
-        if marker.encode() in blob:
-            found.append(int(d.name))
+        if any(marker in w for w in words):
+            found.append(p.pid)
     return found
 
 
