@@ -1,73 +1,72 @@
 """A site's private state between rounds, on disk (Flower starts a new ClientApp process per message).
 
-Kept in ``<state_dir>/site_state.pt`` (atomic writes): the mapping head (Eq. 7), the model at the
-end of the last round (the next local expert, Eq. 10, and the "previous local model"), the
-client optimizer's state (momentum; only with ``train.keep_optimizer_state``, otherwise each round builds a
-fresh SGD), the round counter and the manifest hash the state was trained under.
-Nothing here is ever sent to the coordinator.
+One store for every task: a task says what its site keeps (a dataclass, ``client/<task>/state.py``)
+and in which files; :class:`SiteStateStore` writes and reads them. Each write is atomic (a
+temporary file renamed over the target, ``common/checkpoint.py``) and stores the record's fields as
+a plain dict, in field order. Nothing here is ever sent to the coordinator.
 
-The state a round started from is kept too, in ``site_state.prev.pt``: a coordinator that dies
-after a site trained round k+1 but before it checkpointed round k+1 resumes after round k and asks
-for round k+1 again; the site then starts from the newest state with ``last_round < k+1`` (the
-previous file), exactly as it did the first time. A site is at most one round ahead of the
-coordinator's checkpoint, so two files suffice.
+The state a round started from is kept too, in the previous file (``site_state.prev.pt``,
+``fedfr_state.prev.pt``): a coordinator that dies after a site trained round k+1 but before it
+checkpointed round k+1 resumes after round k and asks for round k+1 again; the site then starts
+from the newest state with ``last_round < k+1`` (the previous file), exactly as it did the first
+time. A site is at most one round ahead of the coordinator's checkpoint, so two files suffice.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from common.checkpoint import atomic_torch_save, torch_load
 
-STATE_FILE = "site_state.pt"
-PREV_FILE = "site_state.prev.pt"
-
 log = logging.getLogger("fedclient")
 
-
-@dataclass
-class SiteState:
-    site: str
-    manifest_hash: str
-    num_classes: int
-    last_round: int = 0
-    rounds_trained: int = 0
-    model: dict[str, Any] | None = None  # full state_dict {embedding.*, head.*} at the end of last round
-    optimizer: dict[str, Any] | None = None
-    history: list[dict[str, float]] = field(default_factory=list)
+S = TypeVar("S")  # a task's state record: a dataclass with ``last_round``
 
 
-def load_state(
-    state_dir: str | Path, *, site: str, manifest_hash: str, num_classes: int, before_round: int | None = None
-) -> SiteState | None:
-    """The newest saved state (with ``last_round < before_round`` when given), or None to start afresh.
+@dataclass(frozen=True)
+class SiteStateStore(Generic[S]):
+    """One task's state files in a site's state folder.
 
-    A state of another site/model/data is an error.
+    ``checks`` maps a record field to what it names in an error (``"manifest_hash": "model
+    manifest"``): a loaded state whose field differs from the value the caller expects was written
+    for another site, model or data, and is refused.
     """
-    path = pick_versioned(Path(state_dir).expanduser(), before_round, STATE_FILE, PREV_FILE)
-    if path is None:
-        return None
-    raw = torch_load(path)
-    st = SiteState(**raw)
-    for what, found, expected in (
-        ("site", st.site, site),
-        ("model manifest", st.manifest_hash, manifest_hash),
-        ("identity count", st.num_classes, num_classes),
-    ):
-        if found != expected:
-            raise RuntimeError(
-                f"site state {path} was written for {what} {found!r} but this run needs {expected!r}; "
-                "point --state-dir elsewhere or delete the file to start this site afresh"
-            )
-    return st
 
+    record: Callable[..., S]
+    current: str  # the newest state, e.g. site_state.pt
+    previous: str  # the state the newest one started from, e.g. site_state.prev.pt
+    checks: dict[str, str]
+    label: str = "site state"  # how an error names the file
 
-def save_state(state_dir: str | Path, st: SiteState) -> Path:
-    return save_versioned(st.__dict__, state_dir, STATE_FILE, PREV_FILE)
+    def load(self, state_dir: str | Path, *, before_round: int | None = None, **expected: Any) -> S | None:
+        """The newest saved state (with ``last_round < before_round`` when given), or None to start afresh.
+
+        ``expected``: fields of ``checks`` and the values this run needs (None: not checked). A
+        state of another site/model/data is an error.
+        """
+        unknown = set(expected) - set(self.checks)
+        if unknown:
+            raise TypeError(f"{self.current}: no check for {sorted(unknown)}; checked fields: {sorted(self.checks)}")
+        path = pick_versioned(Path(state_dir).expanduser(), before_round, self.current, self.previous)
+        if path is None:
+            return None
+        st = self.record(**torch_load(path))
+        for name, what in self.checks.items():
+            found, need = getattr(st, name), expected.get(name)
+            if need is not None and found != need:
+                raise RuntimeError(
+                    f"{self.label} {path} was written for {what} {found!r} but this run needs {need!r}; "
+                    "point --state-dir elsewhere or delete the file to start this site afresh"
+                )
+        return st
+
+    def save(self, state_dir: str | Path, st: S) -> Path:
+        return save_versioned(vars(st), state_dir, self.current, self.previous)
 
 
 def save_versioned(state: dict[str, Any], state_dir: str | Path, current: str, previous: str) -> Path:

@@ -21,7 +21,7 @@ import torch
 from flwr.client import NumPyClient
 from torch.utils.data import DataLoader
 
-from client.fedfr.state import FedFRSiteState, load_fedfr_state, save_fedfr_state
+from client.fedfr.state import FEDFR_STATE, FedFRSiteState
 from client.fedfr.train import imprint, round_hard_negatives, round_learning_rate, train_local
 from client.held_state import HeldState
 from client.run_end import record_round
@@ -85,7 +85,7 @@ class FedFRClient(NumPyClient):
         if self.cfg.train.threads > 0:
             torch.set_num_threads(self.cfg.train.threads)
         seed_everything(stable_seed(self.cfg.seed, self.s.site, rnd))
-        st = self._held.take(rnd) or load_fedfr_state(
+        st = self._held.take(rnd) or FEDFR_STATE.load(
             self.state_dir,
             site=self.s.site,
             manifest_hash=self.manifest.hash,
@@ -173,7 +173,7 @@ class FedFRClient(NumPyClient):
             optimizer=copy.deepcopy(opt.state_dict()) if self.f.keep_optimizer_state else None,
             history=(st.history if st else []) + [{"round": rnd, **stats}],
         )
-        self._held.keep(new, lambda: save_fedfr_state(self.state_dir, new))
+        self._held.keep(new, lambda: FEDFR_STATE.save(self.state_dir, new))
         record_round(self.state_dir, rnd, self.cfg.rounds)  # fedclient's exit status (client/run_end.py)
         seconds = time.perf_counter() - t0
         log.info(

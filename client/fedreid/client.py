@@ -21,11 +21,11 @@ from flwr.client import NumPyClient
 from torch.utils.data import DataLoader
 
 from client.faults import parse_fault
+from client.fedreid.state import FEDREID_STATE, FedReIDSiteState
 from client.fedreid.train import make_optimizer, set_round_lr, train_round
 from client.held_state import HeldState
 from client.run_end import record_round
 from client.site_settings import SiteSettings, resolve_device
-from client.state import SiteState, load_state, save_state
 from common.config.experiment import ExperimentConfig
 from common.config.modes import mode_of
 from common.datasets import build_reader
@@ -89,7 +89,7 @@ class FedReIDClient(NumPyClient):
             torch.set_num_threads(self.cfg.train.threads)
         seed_everything(stable_seed(self.cfg.seed, self.s.site, server_round))
         # the newest state from BEFORE this round: after a coordinator resume, round k+1 may be asked again
-        st = self._held.take(server_round) or load_state(
+        st = self._held.take(server_round) or FEDREID_STATE.load(
             self.state_dir,
             site=self.s.site,
             manifest_hash=self.manifest.hash,
@@ -125,7 +125,7 @@ class FedReIDClient(NumPyClient):
         )
         t_train = time.perf_counter()
         model.cpu()
-        new = SiteState(
+        new = FedReIDSiteState(
             site=self.s.site,
             manifest_hash=self.manifest.hash,
             num_classes=self.num_classes,
@@ -135,7 +135,7 @@ class FedReIDClient(NumPyClient):
             optimizer=copy.deepcopy(opt.state_dict()) if self.cfg.train.keep_optimizer_state else None,
             history=(st.history if st else []) + [{"round": server_round, **stats}],
         )
-        self._held.keep(new, lambda: save_state(self.state_dir, new))
+        self._held.keep(new, lambda: FEDREID_STATE.save(self.state_dir, new))
         record_round(self.state_dir, server_round, self.cfg.rounds)  # fedclient's exit status (client/run_end.py)
         t_end = time.perf_counter()
         timing = {
@@ -160,7 +160,7 @@ class FedReIDClient(NumPyClient):
             return [self.fault.wire(self.s.site, server_round, self.manifest, update)], len(self.data.train), metrics
         return to_wire(self.manifest, update), len(self.data.train), metrics
 
-    def _set_start_point(self, model: ReIDModel, parameters: list[np.ndarray], st: SiteState | None) -> None:
+    def _set_start_point(self, model: ReIDModel, parameters: list[np.ndarray], st: FedReIDSiteState | None) -> None:
         """Eq. (7)/(15): the embedding from the server; ``local`` mode keeps its own after round 1."""
         if self.mode.own_embedding and st is not None and st.model is not None:
             return

@@ -32,7 +32,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from client.fedfr.state import load_fedfr_state
+from client.fedfr.state import FEDFR_STATE
 from common.checkpoint import UnsafeCheckpointError, atomic_json_save, atomic_write_bytes, torch_load
 from common.config.experiment import ExperimentConfig
 from common.config.fedfr import FedFRConfig
@@ -181,7 +181,7 @@ def site_models(sites: list[EvalSite], f: FedFRConfig, num_public: int) -> tuple
     manifest_hash = expected_fedfr_manifest(f, num_public).hash
     for s in sites:
         # a state of another model or another number of identities is a clear error, not a shape mismatch
-        st = load_fedfr_state(s.state_dir, site=s.name, manifest_hash=manifest_hash, num_local=s.data.num_identities)
+        st = FEDFR_STATE.load(s.state_dir, site=s.name, manifest_hash=manifest_hash, num_local=s.data.num_identities)
         if st is None or st.model is None:
             print(f"fedeval: site {s.name} has no FedFR state in {s.state_dir}: no personalised rows", flush=True)
             return None

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 import client.fedfr.client as fc
 from client.fedfr.client import FedFRClient as WireClient
-from client.fedfr.state import load_fedfr_state
+from client.fedfr.state import FEDFR_STATE
 from common.datasets.face_folder import FaceFolder, FaceSite
 from common.models.fedfr import expected_fedfr_manifest, fedfr_model
 from common.params import set_shared
@@ -53,7 +53,7 @@ def test_only_backbone_and_public_proxies_leave_the_site(world, tmp_path):
     man = c.manifest
     assert all(k.startswith("backbone.") or k == "public_proxies" for k in man.keys)
     assert [a.shape for a in sent] == [tuple(s) for s in man.shapes]
-    st = load_fedfr_state(tmp_path / "face1")
+    st = FEDFR_STATE.load(tmp_path / "face1")
     private = {k: v for k, v in st.model.items() if k not in man.keys}
     assert set(private) == {"local_proxies", "dfc.transform.weight", "dfc.transform.bias", "dfc.omega", "dfc.bias"}
     # what is sent is exactly the trained backbone and Phi, nothing of W_l, Pi, Omega or b
@@ -78,9 +78,9 @@ def test_hard_negatives_are_reselected_each_round_with_the_current_global_model(
     cfg = tiny_fedfr_config(world, tmp_path, t_hn=t)
     c = FedFRClient(cfg, fedfr_settings(world, tmp_path, "face1"))
     c.fit(a, conf(cfg, 1))
-    round1 = load_fedfr_state(tmp_path / "face1").hard_negatives
+    round1 = FEDFR_STATE.load(tmp_path / "face1").hard_negatives
     c.fit(b, conf(cfg, 2))
-    round2 = load_fedfr_state(tmp_path / "face1").hard_negatives
+    round2 = FEDFR_STATE.load(tmp_path / "face1").hard_negatives
     expected1, _ = brute_force_hard_negatives(cfg, a, world["public"], world["face1"], t)
     expected2, _ = brute_force_hard_negatives(cfg, b, world["public"], world["face1"], t)
     np.testing.assert_array_equal(round1, expected1)
@@ -136,13 +136,13 @@ def test_private_modules_persist_across_a_new_client_object(world, tmp_path, mon
     cfg = tiny_fedfr_config(world, tmp_path, t_hn=0.9)
     seen = capture_training(monkeypatch)
     FedFRClient(cfg, fedfr_settings(world, tmp_path, "face2")).fit(fedfr_arrays(cfg, PUBLIC, 1), conf(cfg, 1))
-    saved = load_fedfr_state(tmp_path / "face2")
+    saved = FEDFR_STATE.load(tmp_path / "face2")
     # a restart: a new process builds a new client object on the same state folder
     FedFRClient(cfg, fedfr_settings(world, tmp_path, "face2")).fit(fedfr_arrays(cfg, PUBLIC, 2), conf(cfg, 2))
     torch.testing.assert_close(seen[1]["local_proxies"], saved.model["local_proxies"], rtol=0, atol=0)
     for k, v in seen[1]["dfc"].items():
         torch.testing.assert_close(v, saved.model[f"dfc.{k}"], rtol=0, atol=0)
-    st = load_fedfr_state(tmp_path / "face2")
+    st = FEDFR_STATE.load(tmp_path / "face2")
     assert st.rounds_trained == 2 and [h["round"] for h in st.history] == [1, 2]
     # W_l were imprinted in round 1 from the global model's features of each local identity
     assert not torch.equal(seen[0]["local_proxies"], torch.zeros_like(seen[0]["local_proxies"]))
@@ -167,12 +167,12 @@ def test_a_round_replayed_after_a_coordinator_resume_starts_from_the_state_befor
     c.fit(fedfr_arrays(cfg, PUBLIC, 1), conf(cfg, 1))
     g2 = fedfr_arrays(cfg, PUBLIC, 2)
     first, _, _ = c.fit(g2, conf(cfg, 2))
-    assert load_fedfr_state(tmp_path / "face1").last_round == 2
-    assert load_fedfr_state(tmp_path / "face1", before_round=2).last_round == 1  # kept for a replay
+    assert FEDFR_STATE.load(tmp_path / "face1").last_round == 2
+    assert FEDFR_STATE.load(tmp_path / "face1", before_round=2).last_round == 1  # kept for a replay
     again, _, _ = c.fit(g2, conf(cfg, 2))
     for a, b in zip(first, again):
         np.testing.assert_array_equal(a, b)
-    st = load_fedfr_state(tmp_path / "face1")
+    st = FEDFR_STATE.load(tmp_path / "face1")
     assert (st.last_round, st.rounds_trained) == (2, 2)  # the replay replaced the lost round, not added one
     assert [h["round"] for h in st.history] == [1, 2]
 
@@ -191,9 +191,9 @@ def test_each_round_trains_at_its_scheduled_lr_after_the_optimizer_state_is_rest
     )
     c = FedFRClient(cfg, fedfr_settings(world, tmp_path, "face1"))
     _, _, m1 = c.fit(fedfr_arrays(cfg, PUBLIC, 1), conf(cfg, 1))
-    saved1 = load_fedfr_state(tmp_path / "face1").optimizer
+    saved1 = FEDFR_STATE.load(tmp_path / "face1").optimizer
     _, _, m2 = c.fit(fedfr_arrays(cfg, PUBLIC, 2), conf(cfg, 2))
-    saved2 = load_fedfr_state(tmp_path / "face1").optimizer
+    saved2 = FEDFR_STATE.load(tmp_path / "face1").optimizer
     # round 2 restored round 1's optimizer (lr 0.05 in it) and must still train at 0.05 * 0.1
     assert [g["lr"] for g in saved1["param_groups"]] == [pytest.approx(0.05)]
     assert [g["lr"] for g in saved2["param_groups"]] == [pytest.approx(0.005)]
@@ -232,7 +232,7 @@ def test_fedfr_site_process_in_memory_state_gives_the_same_rounds_as_per_message
         for x, y in zip(a, b):
             np.testing.assert_array_equal(x, y, err_msg=f"round {rnd}")
     held.close()
-    sa, sb = load_fedfr_state(fresh_dir / "face1"), load_fedfr_state(held_dir / "face1")
+    sa, sb = FEDFR_STATE.load(fresh_dir / "face1"), FEDFR_STATE.load(held_dir / "face1")
     assert sa.last_round == sb.last_round == 3
     for k, v in sa.model.items():
         assert torch.equal(v, sb.model[k]), k

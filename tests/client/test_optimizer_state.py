@@ -10,8 +10,8 @@ import torch
 import client.fedfr.client as fc
 import client.fedreid.client as nc
 from client.fedfr.client import FedFRClient
-from client.fedfr.state import load_fedfr_state
-from client.state import load_state
+from client.fedfr.state import FEDFR_STATE
+from client.fedreid.state import FEDREID_STATE
 from common.models.builder import expected_manifest
 from common.models.fedfr import expected_fedfr_manifest
 from tests.fakes import (
@@ -56,7 +56,7 @@ def test_fedreid_site_momentum_per_round(tiny_site, tmp_path, monkeypatch, keep)
     _spy(monkeypatch, nc, "train_round", seen)
     c = make_client(cfg, tiny_site, tmp_path)
     c.fit(global_arrays(cfg), fit_config(cfg, 1))
-    saved = load_state(tmp_path, site="market1501", manifest_hash=man.hash, num_classes=4).optimizer
+    saved = FEDREID_STATE.load(tmp_path, site="market1501", manifest_hash=man.hash, num_classes=4).optimizer
     c.fit(global_arrays(cfg, seed=1), fit_config(cfg, 2))
     assert seen[0] == {}  # round 1: nothing to restore
     if not keep:
@@ -82,7 +82,7 @@ def test_fedfr_site_momentum_per_round(world, tmp_path, monkeypatch, keep):
     c = Unpacked(FedFRClient(cfg, fedfr_settings(world, tmp_path, "face1")))
     h = expected_fedfr_manifest(cfg.fedfr, PUBLIC).hash
     c.fit(fedfr_arrays(cfg, PUBLIC, 1), {"server_round": 1, "manifest_hash": h})
-    saved = load_fedfr_state(tmp_path / "face1").optimizer
+    saved = FEDFR_STATE.load(tmp_path / "face1").optimizer
     c.fit(fedfr_arrays(cfg, PUBLIC, 2), {"server_round": 2, "manifest_hash": h})
     assert seen[0] == {}
     if not keep:

@@ -6,8 +6,9 @@ import torch
 
 import client.fedreid.client as nc
 from client.fedreid.client import FedReIDClient
+from client.fedreid.state import FEDREID_STATE
 from client.site_settings import SiteSettings
-from client.state import load_state
+from client.state import SiteStateStore
 from common.models.builder import expected_manifest, model_for
 from tests.fakes import Unpacked, fit_config, global_arrays, make_client, tiny_config
 
@@ -19,7 +20,7 @@ def test_only_shared_keys_leave_the_site(tiny_site, tmp_path):
     man = expected_manifest(cfg)
     assert len(sent) == len(man.keys)
     assert [a.shape for a in sent] == [tuple(s) for s in man.shapes]
-    saved = load_state(tmp_path, site="market1501", manifest_hash=man.hash, num_classes=4)
+    saved = FEDREID_STATE.load(tmp_path, site="market1501", manifest_hash=man.hash, num_classes=4)
     head = {k: v for k, v in saved.model.items() if k.startswith("head.")}
     assert head, "the head must be kept on the site"
     # nothing that crosses the wire equals (or has the shape of) the head's classifier
@@ -35,7 +36,7 @@ def test_head_persists_and_expert_starts_from_previous_round_model(tiny_site, tm
     cfg = tiny_config()
     man = expected_manifest(cfg)
     make_client(cfg, tiny_site, tmp_path).fit(global_arrays(cfg), fit_config(cfg, 1))
-    end_of_round_1 = load_state(tmp_path, site="market1501", manifest_hash=man.hash, num_classes=4).model
+    end_of_round_1 = FEDREID_STATE.load(tmp_path, site="market1501", manifest_hash=man.hash, num_classes=4).model
     seen = {}
     real_train = nc.train_round
 
@@ -55,7 +56,7 @@ def test_head_persists_and_expert_starts_from_previous_round_model(tiny_site, tm
     for k, v in end_of_round_1.items():  # ... and the site's own head
         if k.startswith("head."):
             assert torch.equal(seen["model"][k], v), k
-    st = load_state(tmp_path, site="market1501", manifest_hash=man.hash, num_classes=4)
+    st = FEDREID_STATE.load(tmp_path, site="market1501", manifest_hash=man.hash, num_classes=4)
     assert st.last_round == 2 and st.rounds_trained == 2
     assert st.optimizer is None  # a fresh SGD every round by default (tests/client/test_optimizer_state.py)
 
@@ -109,8 +110,10 @@ def test_site_process_in_memory_state_gives_the_same_rounds_as_per_message_clien
     cfg = tiny_config(train={"keep_optimizer_state": True})  # the momentum is held too
     man = expected_manifest(cfg)
     reads = []
-    real_load = nc.load_state
-    monkeypatch.setattr(nc, "load_state", lambda *a, **kw: reads.append(kw["before_round"]) or real_load(*a, **kw))
+    real_load = SiteStateStore.load
+    monkeypatch.setattr(
+        SiteStateStore, "load", lambda self, *a, **kw: reads.append(kw.get("before_round")) or real_load(self, *a, **kw)
+    )
 
     def settings(d, hold):
         return SiteSettings(site="market1501", data_root=str(tiny_site), state_dir=str(d), hold_state=hold)
@@ -127,8 +130,8 @@ def test_site_process_in_memory_state_gives_the_same_rounds_as_per_message_clien
             np.testing.assert_array_equal(a, b, err_msg=f"round {rnd}: {k}")
     assert reads == [1, 1, 2, 3]  # fresh r1, held r1, fresh r2, fresh r3: the held site read it only once
     held.close()  # the last background write is finished
-    a = load_state(tmp_path / "fresh", site="market1501", manifest_hash=man.hash, num_classes=4)
-    b = load_state(tmp_path / "held", site="market1501", manifest_hash=man.hash, num_classes=4)
+    a = FEDREID_STATE.load(tmp_path / "fresh", site="market1501", manifest_hash=man.hash, num_classes=4)
+    b = FEDREID_STATE.load(tmp_path / "held", site="market1501", manifest_hash=man.hash, num_classes=4)
     assert a.last_round == b.last_round == 3 and a.rounds_trained == b.rounds_trained == 3
     for k, v in a.model.items():
         assert torch.equal(v, b.model[k]), k

@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 import torch
 
-from client.fedfr.state import FedFRSiteState, load_fedfr_state, save_fedfr_state
-from client.state import STATE_FILE, SiteState, load_state, save_state
+from client.fedfr.state import FEDFR_STATE, FedFRSiteState
+from client.fedreid.state import FEDREID_STATE, FedReIDSiteState
 from common.checkpoint import UnsafeCheckpointError, atomic_torch_save, to_plain, torch_load
 from server import main as fedserver
 from server.checkpoint import CHECKPOINT
@@ -86,9 +86,11 @@ def test_fedeval_refuses_a_crafted_checkpoint(tmp_path):
 @pytest.mark.parametrize("before_round", [None, 3])  # plain load, and the round check of a resumed coordinator
 def test_a_site_refuses_a_crafted_state_file(tmp_path, before_round):
     marker = tmp_path / "pwned"
-    craft(tmp_path / "state" / STATE_FILE, marker, site="market1501", last_round=1)
+    craft(tmp_path / "state" / FEDREID_STATE.current, marker, site="market1501", last_round=1)
     with pytest.raises(UnsafeCheckpointError, match="refused to load"):
-        load_state(tmp_path / "state", site="market1501", manifest_hash="h", num_classes=4, before_round=before_round)
+        FEDREID_STATE.load(
+            tmp_path / "state", site="market1501", manifest_hash="h", num_classes=4, before_round=before_round
+        )
     assert not marker.exists()
 
 
@@ -96,7 +98,7 @@ def test_a_fedfr_site_refuses_a_crafted_state_file(tmp_path):
     marker = tmp_path / "pwned"
     craft(tmp_path / "state" / "fedfr_state.pt", marker, site="face1", last_round=1)
     with pytest.raises(UnsafeCheckpointError):
-        load_fedfr_state(tmp_path / "state", site="face1")
+        FEDFR_STATE.load(tmp_path / "state", site="face1")
     assert not marker.exists()
 
 
@@ -133,9 +135,9 @@ def test_to_plain_makes_numpy_loadable_and_keeps_values(tmp_path):
 def test_site_states_round_trip_under_the_safe_load(tmp_path):
     model = {"embedding.w": torch.randn(3), "head.b": torch.zeros(2)}
     opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(2))], lr=0.1, momentum=0.9, nesterov=True).state_dict()
-    save_state(
+    FEDREID_STATE.save(
         tmp_path,
-        SiteState(
+        FedReIDSiteState(
             site="market1501",
             manifest_hash="h",
             num_classes=4,
@@ -146,15 +148,15 @@ def test_site_states_round_trip_under_the_safe_load(tmp_path):
             history=[{"round": 2, "loss": np.float32(0.5)}],
         ),
     )
-    st = load_state(tmp_path, site="market1501", manifest_hash="h", num_classes=4, before_round=3)
+    st = FEDREID_STATE.load(tmp_path, site="market1501", manifest_hash="h", num_classes=4, before_round=3)
     assert st.last_round == 2 and torch.equal(st.model["embedding.w"], model["embedding.w"])
     assert st.history == [{"round": 2, "loss": 0.5}] and st.optimizer["param_groups"][0]["nesterov"] is True
     hn = np.array([5, 1, 9], dtype=np.int64)
-    save_fedfr_state(
+    FEDFR_STATE.save(
         tmp_path,
         FedFRSiteState(site="face1", manifest_hash="h", public_hash="p", num_local=3, last_round=1, hard_negatives=hn),
     )
-    fst = load_fedfr_state(tmp_path, site="face1")
+    fst = FEDFR_STATE.load(tmp_path, site="face1")
     assert isinstance(fst.hard_negatives, np.ndarray) and fst.hard_negatives.tolist() == [5, 1, 9]
 
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import common.checkpoint as ckpt_mod
-from client.state import PREV_FILE, STATE_FILE, SiteState, load_state, save_state
+from client.fedreid.state import FEDREID_STATE, FedReIDSiteState
 from common.checkpoint import save_global_checkpoint, torch_load
 from server.aggregate import average
 from server.checkpoint import (
@@ -189,8 +189,8 @@ def test_a_run_stopped_after_its_last_checkpoint_only_needs_its_final_outputs(tm
 # ---- the site state: previous file ----
 
 
-def _state(rnd: int) -> SiteState:
-    return SiteState(
+def _state(rnd: int) -> FedReIDSiteState:
+    return FedReIDSiteState(
         site="s",
         manifest_hash="h",
         num_classes=2,
@@ -201,28 +201,30 @@ def _state(rnd: int) -> SiteState:
 
 
 def _load(d, before=None):
-    st = load_state(d, site="s", manifest_hash="h", num_classes=2, before_round=before)
+    st = FEDREID_STATE.load(d, site="s", manifest_hash="h", num_classes=2, before_round=before)
     return None if st is None else st.last_round
 
 
 def test_site_keeps_the_state_it_started_the_round_from(tmp_path):
-    save_state(tmp_path, _state(1))
-    save_state(tmp_path, _state(2))
+    FEDREID_STATE.save(tmp_path, _state(1))
+    FEDREID_STATE.save(tmp_path, _state(2))
     assert _load(tmp_path) == 2 and _load(tmp_path, 3) == 2
     # the coordinator died after this site trained round 2 and resumed after round 1: round 2 again
     assert _load(tmp_path, 2) == 1
-    save_state(tmp_path, _state(2))  # the re-run of round 2 replaces the lost one, round 1 stays
+    FEDREID_STATE.save(tmp_path, _state(2))  # the re-run of round 2 replaces the lost one, round 1 stays
     assert _load(tmp_path, 2) == 1 and _load(tmp_path, 3) == 2
-    save_state(tmp_path, _state(3))
-    assert torch_load(tmp_path / PREV_FILE)["last_round"] == 2
+    FEDREID_STATE.save(tmp_path, _state(3))
+    assert torch_load(tmp_path / FEDREID_STATE.previous)["last_round"] == 2
     assert _load(tmp_path, 1) is None  # nothing before round 1: a fresh start
 
 
 def test_a_crash_between_the_two_site_writes_leaves_the_previous_state(tmp_path):
-    save_state(tmp_path, _state(4))
-    os.replace(tmp_path / STATE_FILE, tmp_path / PREV_FILE)  # the first step of saving round 5, then a crash
+    FEDREID_STATE.save(tmp_path, _state(4))
+    os.replace(
+        tmp_path / FEDREID_STATE.current, tmp_path / FEDREID_STATE.previous
+    )  # the first step of saving round 5, then a crash
     assert _load(tmp_path, 5) == 4
-    save_state(tmp_path, _state(5))
+    FEDREID_STATE.save(tmp_path, _state(5))
     assert _load(tmp_path, 6) == 5 and _load(tmp_path, 5) == 4
 
 
