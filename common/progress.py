@@ -1,32 +1,28 @@
-"""A dependency-free progress bar on stderr (feature extraction of large gallery sets)."""
+"""A progress bar on stderr over the batches of a loader (rich, which Flower already depends on)."""
 
 from __future__ import annotations
 
-import sys
-import time
+from collections.abc import Iterable, Iterator, Sized
+from typing import TypeVar
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+T = TypeVar("T")
 
 
-class ProgressBar:
-    def __init__(self, label: str, total: int, width: int = 30):
-        self.label, self.total, self.width = label, max(1, total), width
-        self.done = 0
-        self.t0 = time.monotonic()
-        self._draw()
+def track_batches(batches: Iterable[T], label: str) -> Iterator[T]:
+    """Yield ``batches`` while drawing ``label [bar] done/total batches elapsed`` on stderr.
 
-    def step(self, n: int = 1) -> None:
-        self.done = min(self.total, self.done + n)
-        self._draw()
-
-    def close(self) -> None:
-        self._draw()
-        sys.stderr.write("\n")
-        sys.stderr.flush()
-
-    def _draw(self) -> None:
-        filled = int(self.width * self.done / self.total)
-        rate = self.done / max(1e-9, time.monotonic() - self.t0)
-        sys.stderr.write(
-            f"\r{self.label:>12s} [{'#' * filled}{'.' * (self.width - filled)}] "
-            f"{self.done}/{self.total} batches ({rate:.1f}/s)"
-        )
-        sys.stderr.flush()
+    On a terminal the bar redraws in place; in a log file it appears once, when the loop ends.
+    """
+    total = len(batches) if isinstance(batches, Sized) else None
+    columns = (
+        TextColumn("{task.description:>12}", markup=False),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("batches"),
+        TimeElapsedColumn(),
+    )
+    with Progress(*columns, console=Console(stderr=True)) as bar:
+        yield from bar.track(batches, total=total, description=label)

@@ -27,7 +27,7 @@ from common.datasets.base import Record
 from common.datasets.face_images import FaceImages, face_transform
 from common.datasets.image_dataset import ImageDataset
 from common.datasets.transforms import hflip, test_transform
-from common.progress import ProgressBar
+from common.progress import track_batches
 
 FlipRule = Literal["mean", "sum"]
 
@@ -54,8 +54,7 @@ def feature_chunks(
         raise ValueError(f"flip: expected None, 'mean' or 'sum', found {flip!r}")
     model.eval().to(device)
     loader = DataLoader(dataset, batch_size=batch_size, shuffle=False, num_workers=num_workers)
-    bar = ProgressBar(progress, len(loader)) if progress else None
-    for x, *_ in loader:
+    for x, *_ in track_batches(loader, progress) if progress else loader:
         x = x.to(device)  # (B, 3, H, W)
         f = model(x)  # (B, d)
         if flip == "mean":
@@ -65,10 +64,6 @@ def feature_chunks(
         if normalize:
             f = F.normalize(f, dim=1)
         yield f.float().cpu().numpy()
-        if bar is not None:
-            bar.step()
-    if bar is not None:
-        bar.close()
 
 
 def extract_features(
