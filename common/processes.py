@@ -160,10 +160,10 @@ def kill_tagged(tag: str, grace_s: float = 5.0) -> list[int]:
     for pid in pids:
         _signal_pid(pid, signal.SIGTERM)
     deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline and any(_alive(p) for p in pids):
+    while time.monotonic() < deadline and any(alive(p) for p in pids):
         time.sleep(0.2)
     for pid in pids:
-        if _alive(pid):
+        if alive(pid):
             _signal_pid(pid, signal.SIGKILL)
     for pid in tagged_pids(tag):  # children forked while we waited
         _signal_pid(pid, signal.SIGKILL)
@@ -175,7 +175,7 @@ def _signal_pid(pid: int, sig: int) -> None:
         os.kill(pid, sig)
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
     """Running (a zombie, dead but not yet reaped by its parent, counts as gone)."""
     try:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE

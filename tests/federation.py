@@ -19,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Self
 
+import psutil
 import torch
 
 from common import processes
@@ -141,9 +142,9 @@ class Federation:
         pids = []
         for pid in processes_mentioning(str(self.state_dir(site))):
             try:
-                if b"client.site_process" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                if any("client.site_process" in a for a in psutil.Process(pid).cmdline()):
                     pids.append(pid)
-            except OSError:
+            except psutil.Error:  # gone, or a zombie
                 pass
         return pids
 

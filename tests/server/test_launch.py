@@ -11,16 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from common import processes
 from server import launch
 from server.launch import Launcher, LocalSite, exit_on_sigterm, fedclient_cmd, run_federation, simulation_overrides
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def _fake_python(tmp_path: Path, body: str) -> Path:
@@ -34,7 +27,7 @@ def _fake_python(tmp_path: Path, body: str) -> Path:
 def _left(pids: list[int], within_s: float = 10.0) -> list[int]:
     """Those of ``pids`` still running after ``within_s`` (a signalled group dies asynchronously)."""
     deadline = time.monotonic() + within_s
-    while (alive := [p for p in pids if _alive(p)]) and time.monotonic() < deadline:
+    while (alive := [p for p in pids if processes.alive(p)]) and time.monotonic() < deadline:
         time.sleep(0.1)
     return alive
 
