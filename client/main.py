@@ -158,12 +158,9 @@ def main(argv: list[str] | None = None) -> None:
     )
     data_root, reader, state_dir = settings.data_root, settings.reader, settings.state_dir
     try:  # fail here, with the layout, rather than inside the first round
-        if reader in FACE_READERS:  # a FedFR face site (identity folders)
-            data = build_reader(reader, data_root)
-            summary = data.summary()
-        else:
-            data = build_reader(reader, data_root)
-            summary = data.splits.summary()
+        data = build_reader(reader, data_root)
+        # a FedFR face site (identity folders) summarises itself; a Re-ID reader its splits
+        summary = data.summary() if reader in FACE_READERS else data.splits.summary()
     except (DatasetLayoutError, ValueError) as e:
         raise SystemExit(f"fedclient: site {a.site}: {e}") from None
     print(f"fedclient: site {a.site}: {summary}", flush=True)
