@@ -29,9 +29,8 @@ def tool_env(flwr_home: str | Path | None = None, extra: dict[str, str] | None =
 
     ``MALLOC_ARENA_MAX`` defaults to 2 (a value already in the environment wins): glibc otherwise
     gives each of the many gRPC/HTTP threads its own heap arena, and the freed space of ~45-94 MB
-    parameter messages stays scattered over them. Measured with ``benchmarks/soak.py`` (30 rounds,
-    no faults): SuperLink 294 -> 165 MB, ServerApp 2020 -> 1724 MB, and both flat from round to
-    round instead of drifting by +-150 MB.
+    parameter messages stays scattered over them; resident memory then drifts from round to round
+    (``benchmarks/soak.py`` measures it; README, "Benchmarks").
     """
     env = dict(os.environ)
     env.setdefault("MALLOC_ARENA_MAX", MALLOC_ARENA_MAX)

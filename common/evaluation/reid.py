@@ -30,7 +30,7 @@ resolved by counting equal items of smaller index in the row as it was. The seco
 involves the few same-identity items. All counts are integers: the result is exact.
 Queries are processed in chunks whose temporaries stay within ~16 MB (small enough for the
 allocator to reuse them chunk after chunk instead of page-faulting fresh memory: a first call
-costs what later ones do; 256 MB chunks made it 2.3x slower), and
+costs what later ones do, and larger chunks are slower), and
 :func:`evaluate_rank_features` computes each chunk's distances from features, so the full
 query x gallery matrix never exists (MSMT17: 11,659 x 82,161).
 """
