@@ -1,7 +1,7 @@
 """The data of a ``fedsim`` run: a synthetic Re-ID world or a real classification set as a federated world.
 
 - ``reid`` (default): one synthetic private dataset per site, each its own domain with its own
-  identities, and two unseen synthetic target domains (server/sim.py ``write_data``).
+  identities, and two unseen synthetic target domains (server/fedreid/demo.py ``write_data``).
 - ``fashion-mnist`` / ``cifar10``: the FedReID paper's classification analysis on real images
   (common/datasets/class_world.py): sites with disjoint class subsets (``iid``: every site all
   training classes, disjoint images), the last classes held out as the unseen target.
