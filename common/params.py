@@ -1,7 +1,9 @@
 """Which parameters cross the wire, in which order, and a hash both sides can compare.
 
 Both the coordinator and every site derive the same ordered key manifest from the model config
-(``manifest_for``); the manifest's hash travels in the fit config and a site refuses a mismatch.
+(``expected_manifest_of``, called by ``common/models/builder.py`` for Re-ID and
+``common/models/fedfr.py`` for FedFR); the manifest's hash travels in the fit config and a site
+refuses a mismatch (``client/manifest_check.py``).
 Only floating-point tensors are shared: integer buffers (BatchNorm ``num_batches_tracked``) never
 leave a site and are never averaged or noised. BatchNorm float buffers (running mean/variance)
 follow their module: they are averaged but never noised (``Manifest.learnable``): Eq. (14)-(15)
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -57,28 +60,37 @@ class Manifest:
         return f"{len(self.keys)} tensors, {n:,} values, hash {self.hash}"
 
 
-def shared_manifest(model: nn.Module, mode: str) -> Manifest:
-    """The ordered manifest of ``model``'s shared floating-point tensors for ``mode``."""
+def shared_prefixes(mode: str) -> tuple[str, ...]:
+    """The state_dict key prefixes that ``strategy.mode`` shares (common/config/modes.py: the table)."""
     if mode not in SHARED_PREFIXES:
         raise ValueError(f"unknown strategy.mode {mode!r}; valid: {sorted(SHARED_PREFIXES)}")
-    prefixes = SHARED_PREFIXES[mode]
-    items = [
-        (k, tuple(v.shape), str(v.dtype).replace("torch.", ""))
-        for k, v in model.state_dict().items()
-        if k.startswith(prefixes) and v.is_floating_point()
-    ]
-    return manifest_of(model, items)
+    return SHARED_PREFIXES[mode]
 
 
-def manifest_of(model: nn.Module, items: list[tuple[str, tuple[int, ...], str]]) -> Manifest:
-    """A manifest of ``(key, shape, dtype)`` items of ``model``, each marked learnable or buffer."""
+def shared_manifest(model: nn.Module, mode: str) -> Manifest:
+    """The ordered manifest of ``model``'s shared floating-point tensors for ``mode``."""
+    return prefix_manifest(model, shared_prefixes(mode))
+
+
+def prefix_manifest(model: nn.Module, prefixes: tuple[str, ...]) -> Manifest:
+    """The ordered manifest of ``model``'s floating-point tensors whose key starts with one of
+    ``prefixes``, each marked learnable or buffer (white noise only on the former)."""
     params = {k for k, _ in model.named_parameters()}
+    items = [(k, v) for k, v in model.state_dict().items() if k.startswith(prefixes) and v.is_floating_point()]
     return Manifest(
-        tuple(k for k, _, _ in items),
-        tuple(s for _, s, _ in items),
-        tuple(d for _, _, d in items),
-        learnable=tuple(k in params for k, _, _ in items),
+        tuple(k for k, _ in items),
+        tuple(tuple(v.shape) for _, v in items),
+        tuple(str(v.dtype).replace("torch.", "") for _, v in items),
+        learnable=tuple(k in params for k, _ in items),
     )
+
+
+def expected_manifest_of(build: Callable[[], nn.Module], prefixes: tuple[str, ...]) -> Manifest:
+    """The manifest both sides derive from a config: ``prefix_manifest`` of the model ``build()``
+    makes, built on the meta device (no memory)."""
+    with torch.device("meta"):
+        model = build()
+    return prefix_manifest(model, prefixes)
 
 
 def get_shared(model: nn.Module, manifest: Manifest) -> list[np.ndarray]:

@@ -24,6 +24,7 @@ from torch.utils.data import DataLoader
 from client.fedfr.state import FEDFR_STATE, FedFRSiteState
 from client.fedfr.train import imprint, round_hard_negatives, round_learning_rate, train_local
 from client.held_state import HeldState
+from client.manifest_check import check_manifest_hash
 from client.run_end import record_round
 from client.site_settings import SiteSettings, resolve_device
 from common.config.experiment import ExperimentConfig
@@ -195,13 +196,11 @@ class FedFRClient(NumPyClient):
         return to_wire(self.manifest, get_shared(model, self.manifest)), own, metrics
 
     def _check(self, config) -> None:
-        their = str(config.get("manifest_hash", ""))
-        if their != self.manifest.hash:
-            raise ValueError(
-                f"site {self.s.site}: the coordinator's model manifest {their!r} differs from this site's "
-                f"{self.manifest.hash!r} ({self.f.backbone}, d={self.f.embedding_dim}, {self.f.image_size}px, "
-                f"K_g={self.public.num_identities} public identities); both sides must run the same config"
-            )
+        f = self.f
+        model = (
+            f"{f.backbone}, d={f.embedding_dim}, {f.image_size}px, K_g={self.public.num_identities} public identities"
+        )
+        check_manifest_hash(config, self.manifest, site=self.s.site, model=model)
         public_hash = str(config.get("public_hash", ""))
         if public_hash and public_hash != self.public.identity_hash():
             raise ValueError(

@@ -24,6 +24,7 @@ from client.faults import parse_fault
 from client.fedreid.state import FEDREID_STATE, FedReIDSiteState
 from client.fedreid.train import make_optimizer, set_round_lr, train_round
 from client.held_state import HeldState
+from client.manifest_check import check_manifest_hash
 from client.run_end import record_round
 from client.site_settings import SiteSettings, resolve_device
 from common.config.experiment import ExperimentConfig
@@ -74,13 +75,8 @@ class FedReIDClient(NumPyClient):
         # ClientApp process start -> here (imports, data listing); a site process was up before the message
         startup = 0.0 if self.s.hold_state else process_age_s()
         server_round = int(config.get("server_round", 1))
-        their_hash = str(config.get("manifest_hash", ""))
-        if their_hash != self.manifest.hash:
-            raise ValueError(
-                f"site {self.s.site}: the coordinator's model manifest {their_hash!r} differs from this site's "
-                f"{self.manifest.hash!r} ({self.cfg.model.backbone}, mode {self.cfg.strategy.mode}); "
-                "both sides must run the same model config"
-            )
+        model = f"{self.cfg.model.backbone}, mode {self.cfg.strategy.mode}"
+        check_manifest_hash(config, self.manifest, site=self.s.site, model=model)
         parameters = from_wire(self.manifest, parameters, who=f"site {self.s.site}: the coordinator's parameters")
         log.info("site %s round %d: local training starts", self.s.site, server_round)
         if self.fault is not None:

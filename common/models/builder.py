@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import torch
-
 from common.config.experiment import ExperimentConfig
 from common.config.modes import mode_of
 from common.models.pretrained import init_embedding
 from common.models.reid import ReIDModel, build_model
-from common.params import Manifest, shared_manifest
+from common.params import Manifest, expected_manifest_of, shared_prefixes
 
 
 def model_for(cfg: ExperimentConfig, num_classes: int) -> ReIDModel:
@@ -37,9 +35,10 @@ def initial_model(cfg: ExperimentConfig) -> tuple[ReIDModel, str]:
 
 
 def expected_manifest(cfg: ExperimentConfig) -> Manifest:
-    """The manifest both sides derive from the model config (built on the meta device: no memory)."""
+    """The manifest both sides derive from the model config (``common/params.py``)."""
     m = cfg.model
-    with torch.device("meta"):
-        n = cfg.strategy.fedavg_num_classes if mode_of(cfg.strategy.mode).common_head else 1
-        model = build_model(m.backbone, n, hidden=m.head_hidden, dropout=m.dropout, activation=m.head_activation)
-    return shared_manifest(model, cfg.strategy.mode)
+    n = cfg.strategy.fedavg_num_classes if mode_of(cfg.strategy.mode).common_head else 1
+    return expected_manifest_of(
+        lambda: build_model(m.backbone, n, hidden=m.head_hidden, dropout=m.dropout, activation=m.head_activation),
+        shared_prefixes(cfg.strategy.mode),
+    )

@@ -17,7 +17,7 @@ from common.config.fedfr import FedFRConfig
 from common.losses.margin_bce import sphereface2_bias_init
 from common.models.dfc import DFC
 from common.models.face import build_face_backbone
-from common.params import Manifest, manifest_of
+from common.params import Manifest, expected_manifest_of
 
 SHARED_PREFIXES = ("backbone.", "public_proxies")  # Eq. (2) Theta and Eq. (4) Phi_g; nothing else
 
@@ -58,18 +58,8 @@ def fedfr_model(cfg: FedFRConfig, num_public: int, num_local: int = 0) -> FedFRM
     return FedFRModel(cfg.backbone, cfg.embedding_dim, cfg.image_size, num_public, num_local, bias_init=bias)
 
 
-def fedfr_manifest(model: nn.Module) -> Manifest:
-    """The ordered manifest of the shared floating tensors: backbone.* and public_proxies only."""
-    items = [
-        (k, tuple(v.shape), str(v.dtype).replace("torch.", ""))
-        for k, v in model.state_dict().items()
-        if k.startswith(SHARED_PREFIXES) and v.is_floating_point()
-    ]
-    return manifest_of(model, items)  # learnable vs buffers: white noise only on the former
-
-
 def expected_fedfr_manifest(cfg: FedFRConfig, num_public: int) -> Manifest:
-    """What both sides derive from the config and K_g (built on the meta device: no memory)."""
-    with torch.device("meta"):
-        model = FedFRModel(cfg.backbone, cfg.embedding_dim, cfg.image_size, num_public, 0)
-    return fedfr_manifest(model)
+    """What both sides derive from the config and K_g: backbone.* and public_proxies (``common/params.py``)."""
+    return expected_manifest_of(
+        lambda: FedFRModel(cfg.backbone, cfg.embedding_dim, cfg.image_size, num_public, 0), SHARED_PREFIXES
+    )

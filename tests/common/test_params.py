@@ -5,7 +5,9 @@ import pytest
 import torch
 
 from common.config.experiment import ExperimentConfig
+from common.config.fedfr import FedFRConfig
 from common.models.builder import expected_manifest, model_for
+from common.models.fedfr import expected_fedfr_manifest, fedfr_model
 from common.params import (
     Manifest,
     check_arrays,
@@ -41,6 +43,20 @@ def test_manifest_from_config_matches_a_real_model_and_hash_differs_by_backbone(
     assert expected_manifest(c) == real
     assert expected_manifest(c).hash == real.hash
     assert expected_manifest(ExperimentConfig.from_dict({"model": {"backbone": "resnet34"}})).hash != real.hash
+
+
+def test_fedfr_manifest_from_config_is_backbone_and_public_proxies_of_a_real_site_model():
+    f = FedFRConfig(backbone="sphere4", embedding_dim=16, image_size=16)
+    site = fedfr_model(f, num_public=5, num_local=3)  # a real site model: W_l and DFC too, never shared
+    state = site.state_dict()
+    keys = [
+        k for k, v in state.items() if (k.startswith("backbone.") or k == "public_proxies") and v.is_floating_point()
+    ]
+    man = expected_fedfr_manifest(f, num_public=5)
+    assert list(man.keys) == keys and man.shapes == tuple(tuple(state[k].shape) for k in keys)
+    params = dict(site.named_parameters())
+    assert man.learnable == tuple(k in params for k in keys)
+    assert expected_fedfr_manifest(f, num_public=6).hash != man.hash  # K_g is part of Phi's shape
 
 
 def test_fedavg_manifest_includes_the_common_head():
