@@ -25,7 +25,7 @@ from pathlib import Path
 from common import processes
 from common.config.engine import VirtualSiteConfig
 from common.config.experiment import ExperimentConfig
-from common.config.site import load_site
+from common.config.site import default_state_dir, load_site
 
 
 class SimulationEngine:
@@ -131,12 +131,12 @@ def fill_virtual_sites(cfg: ExperimentConfig) -> dict[str, VirtualSiteConfig]:
             vs = VirtualSiteConfig(
                 reader=d.reader,
                 data_root=d.data_root,
-                state_dir=d.state_dir or f"~/.fedreid/state/{site}",
+                state_dir=d.state_dir or default_state_dir(site),
                 public_root=d.public_root,
             )
         if not vs.data_root:
             raise SystemExit(f"fedserver: virtual site {site!r}: engine.sites.{site}.data_root is empty")
-        state = vs.state_dir or f"~/.fedreid/state/{site}"
+        state = vs.state_dir or default_state_dir(site)
         out[site] = VirtualSiteConfig(
             reader=vs.reader,
             data_root=_abs(vs.data_root),

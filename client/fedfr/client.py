@@ -28,6 +28,7 @@ from client.manifest_check import check_manifest_hash
 from client.run_end import record_round
 from client.site_settings import SiteSettings, resolve_device
 from common.config.experiment import ExperimentConfig
+from common.config.site import default_state_dir
 from common.datasets.face_folder import FaceFolder, FaceSite
 from common.datasets.face_images import FaceImages, face_transform
 from common.evaluation.features import embed
@@ -60,7 +61,7 @@ class FedFRClient(NumPyClient):
             )
         self.public = FaceFolder(root)
         self.manifest = expected_fedfr_manifest(self.f, self.public.num_identities)
-        self.state_dir = Path(settings.state_dir or f"~/.fedreid/state/{settings.site}").expanduser()
+        self.state_dir = Path(settings.state_dir or default_state_dir(settings.site)).expanduser()
         self._held = HeldState(background=settings.hold_state)
 
     def close(self) -> None:

@@ -29,6 +29,7 @@ from client.run_end import record_round
 from client.site_settings import SiteSettings, resolve_device
 from common.config.experiment import ExperimentConfig
 from common.config.modes import mode_of
+from common.config.site import default_state_dir
 from common.datasets import build_reader
 from common.datasets.image_dataset import ImageDataset
 from common.datasets.transforms import train_transform
@@ -51,7 +52,7 @@ class FedReIDClient(NumPyClient):
         self.manifest = expected_manifest(cfg)
         self.data = build_reader(settings.reader, settings.data_root)
         self.num_classes = self.data.splits.num_train_pids
-        self.state_dir = Path(settings.state_dir or f"~/.fedreid/state/{settings.site}").expanduser()
+        self.state_dir = Path(settings.state_dir or default_state_dir(settings.site)).expanduser()
         self.fault = parse_fault(settings.fault)
         self.mode = mode_of(cfg.strategy.mode)
         self._held = HeldState(background=settings.hold_state)

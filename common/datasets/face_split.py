@@ -28,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
+from common.config.site import default_state_dir
 from common.datasets.face_folder import FaceFolder
 from common.seeding import stable_seed
 
@@ -146,7 +147,7 @@ def write_site_configs(plan: SplitPlan, out: str | Path, conf_site_dir: str | Pa
         root = (Path(out) / "clients" / site).resolve()
         p.write_text(
             f"# FedFR site {site} (written by common.datasets.face_split)\nname: {site}\n"
-            f"reader: face_site\ndata_root: {root}\nstate_dir: ~/.fedreid/state/{site}\n"
+            f"reader: face_site\ndata_root: {root}\nstate_dir: {default_state_dir(site)}\n"
         )
         paths.append(p)
     return paths

@@ -135,12 +135,12 @@ class EvalSite:
 
 
 def eval_sites(cfg: ExperimentConfig) -> list[EvalSite]:
-    from common.config.site import load_site
+    from common.config.site import default_state_dir, load_site
 
     out = []
     for s in cfg.sites:
         d = cfg.fedfr.eval_sites.get(s) or dataclasses.asdict(load_site(s))
-        out.append(EvalSite(s, FaceSite(d["data_root"]), str(d.get("state_dir") or f"~/.fedreid/state/{s}")))
+        out.append(EvalSite(s, FaceSite(d["data_root"]), str(d.get("state_dir") or default_state_dir(s))))
     return out
 
 
