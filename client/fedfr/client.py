@@ -19,10 +19,11 @@ from pathlib import Path
 import numpy as np
 import torch
 from flwr.client import NumPyClient
+from torch import nn
 from torch.utils.data import DataLoader
 
 from client.fedfr.state import FEDFR_STATE, FedFRSiteState
-from client.fedfr.train import imprint, round_hard_negatives, round_learning_rate, train_local
+from client.fedfr.train import LocalTraining, imprint, round_hard_negatives, round_learning_rate, train_local
 from client.held_state import HeldState
 from client.manifest_check import check_manifest_hash
 from client.run_end import record_round
@@ -95,6 +96,23 @@ class FedFRClient(NumPyClient):
             num_local=self.data.num_identities,
             before_round=rnd,
         )  # a round replayed after a coordinator resume
+        model, global_backbone, prev_backbone = self._round_models(st, parameters)
+        hn = self._prepare_local(model, global_backbone, first=st is None or st.model is None)
+        opt, lr = self._optimizer(model, st, rnd)
+        loader = self._loader(hn, rnd)
+        # the training draws start from the round's seed, whatever building the models drew before
+        seed_everything(stable_seed(self.cfg.seed, self.s.site, rnd, "train"))
+        stats = train_local(
+            model, global_backbone, prev_backbone, loader, opt, LocalTraining.from_config(self.f), device=self.device
+        )
+        model.cpu()
+        stats["hard_negatives"] = float(hn.size)
+        stats["lr"] = lr
+        self._save(st, model, opt, hn, stats, rnd)
+        return self._reply(model, stats, hn, rnd, time.perf_counter() - t0)
+
+    def _round_models(self, st: FedFRSiteState | None, parameters: list[np.ndarray]) -> tuple:
+        """The site model (its state, then Theta_g^t and Phi_g^t), Theta_g^t, and Theta_l^{t-1} of L_con."""
         model = self._model()
         prev_backbone = None
         if st is not None and st.model is not None:
@@ -104,9 +122,12 @@ class FedFRClient(NumPyClient):
         global_backbone = copy.deepcopy(model.backbone)
         if prev_backbone is None:
             prev_backbone = global_backbone  # a first round: the global model, not an untrained one
+        return model, global_backbone, prev_backbone
 
+    def _prepare_local(self, model: FedFRModel, global_backbone: nn.Module, *, first: bool) -> np.ndarray:
+        """Imprint W_l and Omega on a site's first round (``init_local``) and return this round's
+        public hard negatives (indices into the public records), both with the global model Theta_g^t."""
         emb = {"image_size": self.f.image_size, "batch_size": self.cfg.eval.batch_size, "device": self.device}
-        first = st is None or st.model is None
         local_feats = None
         select = self.f.hard_negatives and self.f.public_negatives == "hard"
         if select or (first and self.f.init_local == "imprint"):
@@ -116,11 +137,10 @@ class FedFRClient(NumPyClient):
             with torch.no_grad():
                 model.local_proxies.copy_(w)
                 model.dfc.omega.copy_(w)
-        hn = np.empty(0, np.int64)
         if self.f.hard_negatives and not select:  # "all": every public image, no selection
-            hn = np.arange(len(self.public.records), dtype=np.int64)
-        elif select:
-            hn = round_hard_negatives(
+            return np.arange(len(self.public.records), dtype=np.int64)
+        if select:
+            return round_hard_negatives(
                 global_backbone,
                 self.public.records,
                 local_feats,
@@ -128,41 +148,21 @@ class FedFRClient(NumPyClient):
                 chunk_size=self.f.hn_chunk,
                 **emb,
             )
+        return np.empty(0, np.int64)
 
+    def _optimizer(self, model: FedFRModel, st: FedFRSiteState | None, rnd: int) -> tuple[torch.optim.SGD, float]:
+        """The round's SGD at the round's lr: a fresh SGD every round (paper, official code);
+        ``fedfr.keep_optimizer_state``: last round's momentum."""
         lr = round_learning_rate(self.f.lr, self.f.lr_milestones, self.f.lr_gamma, rnd)
         opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=self.f.momentum, weight_decay=self.f.weight_decay)
-        # a fresh SGD every round (paper, official code); fedfr.keep_optimizer_state: last round's momentum
         if self.f.keep_optimizer_state and st is not None and st.optimizer is not None:
             opt.load_state_dict(st.optimizer)  # momentum buffers; it also brings back last round's lr
             for group in opt.param_groups:
                 group["lr"] = lr
-        loader = self._loader(hn, rnd)
-        # the training draws start from the round's seed, whatever building the models drew before
-        seed_everything(stable_seed(self.cfg.seed, self.s.site, rnd, "train"))
-        stats = train_local(
-            model,
-            global_backbone,
-            prev_backbone,
-            loader,
-            opt,
-            epochs=self.f.local_epochs,
-            device=self.device,
-            s=self.f.s,
-            m=self.f.m,
-            tau=self.f.tau,
-            bce_lambda=self.f.bce_lambda,
-            bce_r=self.f.bce_r,
-            bce_m=self.f.bce_m,
-            bce_t=self.f.bce_t,
-            alpha=self.f.alpha,
-            use_public=self.f.hard_negatives,
-            contrastive=self.f.contrastive,
-            dfc=self.f.dfc,
-            max_steps_per_epoch=self.f.max_steps_per_epoch,
-        )
-        model.cpu()
-        stats["hard_negatives"] = float(hn.size)
-        stats["lr"] = lr
+        return opt, lr
+
+    def _save(self, st, model: FedFRModel, opt, hn: np.ndarray, stats: dict, rnd: int) -> None:
+        """The site state after round ``rnd`` (written now, or in the background by a site process)."""
         new = FedFRSiteState(
             site=self.s.site,
             manifest_hash=self.manifest.hash,
@@ -177,7 +177,9 @@ class FedFRClient(NumPyClient):
         )
         self._held.keep(new, lambda: FEDFR_STATE.save(self.state_dir, new))
         record_round(self.state_dir, rnd, self.cfg.rounds)  # fedclient's exit status (client/run_end.py)
-        seconds = time.perf_counter() - t0
+
+    def _reply(self, model: FedFRModel, stats: dict, hn: np.ndarray, rnd: int, seconds: float):
+        """Theta_l and Phi, the weight N_i of Eq. (2)/(4) (the site's own images only), and the metrics."""
         log.info(
             "site %s round %d: %d own images + %d public hard negatives; %s (%.1fs)",
             self.s.site,
@@ -187,7 +189,7 @@ class FedFRClient(NumPyClient):
             ", ".join(f"{k}={v:.4f}" for k, v in stats.items()),
             seconds,
         )
-        own = len(self.data.train)  # N_i of Eq. (2)/(4): the site's own images only
+        own = len(self.data.train)
         metrics = {
             "site": self.s.site,
             "own_images": own,

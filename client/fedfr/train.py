@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -21,6 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader
 
+from common.config.fedfr import FedFRConfig
 from common.datasets.base import Record
 from common.evaluation.features import embed_chunks
 from common.losses.contrastive import moon_contrastive_loss
@@ -60,63 +62,88 @@ def imprint(features: np.ndarray, labels: np.ndarray, num_classes: int) -> torch
     return F.normalize(sums, dim=1)
 
 
+@dataclass(frozen=True)
+class LocalTraining:
+    """The settings of one site's local training (built from ``cfg.fedfr`` in :meth:`from_config` only)."""
+
+    epochs: int  # E local epochs
+    s: float  # CosFace scale
+    m: float  # CosFace margin
+    tau: float  # temperature of L_con
+    bce_lambda: float  # margin BCE (L_BCE): lambda, r, m, t
+    bce_r: float
+    bce_m: float
+    bce_t: float
+    alpha: tuple[float, float, float]  # a1 L_cos + a2 L_con + a3 L_BCE
+    use_public: bool = True  # False: the FedAvg baseline, K_l local classes only
+    contrastive: bool = True
+    dfc: bool = True
+    max_steps_per_epoch: int = 0  # 0 = the whole loader
+
+    @classmethod
+    def from_config(cls, f: FedFRConfig) -> LocalTraining:
+        return cls(
+            epochs=f.local_epochs,
+            s=f.s,
+            m=f.m,
+            tau=f.tau,
+            bce_lambda=f.bce_lambda,
+            bce_r=f.bce_r,
+            bce_m=f.bce_m,
+            bce_t=f.bce_t,
+            alpha=tuple(f.alpha),
+            use_public=f.hard_negatives,
+            contrastive=f.contrastive,
+            dfc=f.dfc,
+            max_steps_per_epoch=f.max_steps_per_epoch,
+        )
+
+
 def train_local(
     model: FedFRModel,
     global_backbone: nn.Module,
     prev_backbone: nn.Module,
     loader: DataLoader,
     optimizer: torch.optim.Optimizer,
+    t: LocalTraining,
     *,
-    epochs: int,
     device: torch.device,
-    s: float,
-    m: float,
-    tau: float,
-    bce_lambda: float,
-    bce_r: float,
-    bce_m: float,
-    bce_t: float,
-    alpha: Sequence[float],
-    use_public: bool = True,
-    contrastive: bool = True,
-    dfc: bool = True,
-    max_steps_per_epoch: int = 0,
 ) -> dict[str, float]:
     """E local epochs of the FedFR objective (module docstring). Returns mean losses per step.
 
     ``con_first`` is L_con on the first batch: log 2 exactly when f_prev = f_glob (first round).
     """
-    a1, a2, a3 = alpha
+    a1, a2, a3 = t.alpha
     model.train().to(device)
     global_backbone.eval().to(device)
     prev_backbone.eval().to(device)
     for p in itertools.chain(global_backbone.parameters(), prev_backbone.parameters()):
         p.requires_grad_(False)
-    plain_cosface = CosFaceLoss(s, m)
+    plain_cosface = CosFaceLoss(t.s, t.m)
     sums = {"loss": 0.0, "cos": 0.0, "con": 0.0, "bce": 0.0, "acc": 0.0}
     steps, con_first = 0, float("nan")
-    for _ in range(epochs):
-        batches = itertools.islice(loader, max_steps_per_epoch or None)
+    for _ in range(t.epochs):
+        batches = itertools.islice(loader, t.max_steps_per_epoch or None)
         for x, y, pub in batches:
             x, y, pub = x.to(device), y.to(device), pub.to(device)
             f = model.backbone(x)  # (B, d)
-            if use_public:  # balanced CosFace over [Phi_g ; W_l] (K_g + K_l classes)
-                l_cos = balanced_cosface_loss(f, y, model.public_proxies, model.local_proxies, s, m, is_public=pub)
+            if t.use_public:  # balanced CosFace over [Phi_g ; W_l] (K_g + K_l classes)
+                l_cos = balanced_cosface_loss(f, y, model.public_proxies, model.local_proxies, t.s, t.m, is_public=pub)
             else:  # FedAvg baseline: the K_l local classes only
                 l_cos = plain_cosface(f, y, model.local_proxies)
             loss = a1 * l_cos
-            if contrastive and a2 > 0:
+            if t.contrastive and a2 > 0:
                 with torch.no_grad():
                     f_glob, f_prev = global_backbone(x), prev_backbone(x)
-                l_con = moon_contrastive_loss(f, f_glob, f_prev, tau)
+                l_con = moon_contrastive_loss(f, f_glob, f_prev, t.tau)
                 loss = loss + a2 * l_con
                 sums["con"] += l_con.item()
                 if steps == 0:
                     con_first = l_con.item()
-            if dfc and a3 > 0:
+            if t.dfc and a3 > 0:
                 cos = model.dfc(f)  # (B, K_l)
                 l_bce = margin_bce_loss(
-                    cos, torch.where(pub, -1, y), model.dfc.bias, lam=bce_lambda, r=bce_r, m=bce_m, t=bce_t
+                    cos, torch.where(pub, -1, y), model.dfc.bias, lam=t.bce_lambda, r=t.bce_r, m=t.bce_m, t=t.bce_t
                 )
                 loss = loss + a3 * l_bce
                 sums["bce"] += l_bce.item()
