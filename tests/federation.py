@@ -123,6 +123,11 @@ class Federation:
     def server(self) -> subprocess.Popen | None:
         return self.launcher.server
 
+    @property
+    def site_procs(self) -> dict[str, subprocess.Popen]:
+        """The fedclient process of every site started and not killed, by name."""
+        return self.launcher.sites
+
     def start_server(self, *, resume: bool = False) -> subprocess.Popen:
         args = [f"resume={self.run_dir}"] if resume else self.overrides
         return self.launcher.start_server(args, log_path=self.root / "fedserver.log")
