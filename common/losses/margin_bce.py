@@ -1,13 +1,13 @@
 """FedFR's personalised-branch loss: margin binary cross-entropy in SphereFace2 form.
 
-SphereFace2 (Wen et al., ICLR 2022), "C" margin, as restated in PROTOCOLS.md (seed 001):
+SphereFace2 (Wen et al., ICLR 2022), "C" margin, as restated in docs/protocols.md (FedFR):
 
     L_BCE = (lambda/r) log(1 + e^{-r(g(cos t_y) - m') - b})
           + ((1 - lambda)/r) sum_{j != y} log(1 + e^{r(g(cos t_j) + m') + b})
 
     g(z) = 2 ((z + 1)/2)^{t'} - 1,   lambda = 0.7, r = 30, m' = 0.4, t' = 3, b a learned scalar.
 
-(The FedFR text prints g(z) = 2((z+1)^{t'}/2) - 1, a typo: SphereFace2 and PROTOCOLS.md give the
+(The FedFR text prints g(z) = 2((z+1)^{t'}/2) - 1, a typo: SphereFace2 and docs/protocols.md give the
 form above.) ``cos t_j`` is the cosine between the DFC feature f' = Pi(f) and branch j's weight
 Omega_j (see ``common.models.dfc``). A label of -1 marks a public image: it belongs to none of the
 K_l local identities, so it is a negative for every branch and has no positive term.

@@ -1,4 +1,4 @@
-"""FedFR losses against their formulas written out element by element (PROTOCOLS.md, FedFR)."""
+"""FedFR losses against their formulas written out element by element (docs/protocols.md, FedFR)."""
 
 from __future__ import annotations
 

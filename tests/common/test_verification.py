@@ -1,4 +1,4 @@
-"""TAR@FAR against the definition applied literally (PROTOCOLS.md, "Face verification metrics")."""
+"""TAR@FAR against the definition applied literally (docs/protocols.md, "Face verification metrics")."""
 
 from __future__ import annotations
 
