@@ -16,13 +16,7 @@ dead when its heartbeats are late), it runs ``fedserver resume=RUN_DIR`` and res
 (the new in-memory SuperLink does not know their nodes). Each restart is reported; RSS slopes are
 computed per ServerApp process (between restarts).
 
-Memory (measured here, tiny ResNet-18, ~45 MB of shared parameters per message): the ServerApp's
-RSS is flat from round to round. The SuperLink's is flat without faults (``--kill-every 0``) but
-holds on to ~40 MB per lost update: Flower 1.42 keeps a message whose destination node died until
-the run ends (the ServerApp has no call to withdraw it), so it grows with the number of lost
-updates, not with the number of rounds. The Flower processes run with ``MALLOC_ARENA_MAX=2``
-(``common.processes.tool_env``); without it glibc's per-thread arenas add ~130 MB (SuperLink) and
-~300 MB (ServerApp) and +-150 MB of noise from round to round.
+What the memory figures have shown so far is in README, "Benchmarks".
 
     python benchmarks/soak.py [--rounds 50] [--kill-every 10] [--keep DIR] [--env KEY=VALUE ...]
 """
