@@ -1,17 +1,24 @@
 """The FedFR site (seed 001): a Flower ``NumPyClient`` of the same family as ``FedReIDClient``.
 
-One round (``fit``): check the manifest and the public identities, rebuild the site model from its
-state on disk (W_l, Pi, Omega, b and last round's Theta_l), take Theta_g^t and Phi_g^t from the
+One round (``fit``): check the manifest and the public identities, start from the site model of
+its state (W_l, Pi, Omega, b and last round's Theta_l), take Theta_g^t and Phi_g^t from the
 server, select this round's public hard negatives with the global model, train E local epochs of
 ``a1 L_cos + a2 L_con + a3 L_BCE``, save the state atomically, and return ONLY Theta_l and Phi
 (the manifest: ``backbone.*`` and ``public_proxies``, packed into one array both ways,
 ``common/params.py``) with the site's own image count as weight (Eq. 2/4: public hard negatives
 are not counted).
+
+A per-message ClientApp builds the site model, Theta_g^t, Theta_l^{t-1} and the training loader in
+every round, from the state on disk. A site process (``settings.hold_state``) keeps them: the site
+model (with W_l and the DFC layer), the global and previous-round backbones and the optimizer on
+the site's device (``client/device_modules.py``; each round copies Theta_l^{t-1}, Theta_g^t and
+Phi_g^t into them in place), and the loader, over the site's images and every public image (a
+round picks its hard negatives by index), with persistent workers (``client/round_loader.py``).
+Both train the same, bit for bit.
 """
 
 from __future__ import annotations
 
-import copy
 import logging
 import time
 from pathlib import Path
@@ -22,10 +29,12 @@ from flwr.client import NumPyClient
 from torch import nn
 from torch.utils.data import DataLoader
 
+from client.device_modules import DeviceModules, cpu_copy
 from client.fedfr.state import FEDFR_STATE, FedFRSiteState
 from client.fedfr.train import LocalTraining, imprint, round_hard_negatives, round_learning_rate, train_local
 from client.held_state import HeldState
 from client.manifest_check import check_manifest_hash
+from client.round_loader import RoundLoader
 from client.run_end import record_round
 from client.site_settings import SiteSettings, resolve_device
 from common.config.experiment import ExperimentConfig
@@ -64,10 +73,17 @@ class FedFRClient(NumPyClient):
         self.manifest = expected_fedfr_manifest(self.f, self.public.num_identities)
         self.state_dir = Path(settings.state_dir or default_state_dir(settings.site)).expanduser()
         self._held = HeldState(background=settings.hold_state)
+        self._kept = DeviceModules(self.device, hold=settings.hold_state)  # site model, Theta_g, Theta_l^{t-1}
+        self._train_loader: RoundLoader | None = None  # a site process's, with persistent workers
 
     def close(self) -> None:
-        """Wait for the last state write (a site process ending)."""
-        self._held.flush()
+        """Wait for the last state write and stop the loader's workers (a site process ending)."""
+        try:
+            self._held.flush()
+        finally:
+            if self._train_loader is not None:
+                self._train_loader.close()
+            self._kept.close()
 
     def get_properties(self, config):
         """The coordinator asks every new node for its site name (server/sites.py)."""
@@ -96,30 +112,36 @@ class FedFRClient(NumPyClient):
             num_local=self.data.num_identities,
             before_round=rnd,
         )  # a round replayed after a coordinator resume
-        model, global_backbone, prev_backbone = self._round_models(st, parameters)
+        ready = self._kept.start(st)  # a site process's modules, exactly where round st ended
+        model, global_backbone, prev_backbone = self._round_models(st, parameters, ready=ready)
         hn = self._prepare_local(model, global_backbone, first=st is None or st.model is None)
-        opt, lr = self._optimizer(model, st, rnd)
-        loader = self._loader(hn, rnd)
+        opt, lr = self._optimizer(model, st, rnd, ready=ready)
+        loader, round_loader = self._loader(hn, rnd)
         # the training draws start from the round's seed, whatever building the models drew before
         seed_everything(stable_seed(self.cfg.seed, self.s.site, rnd, "train"))
         stats = train_local(
             model, global_backbone, prev_backbone, loader, opt, LocalTraining.from_config(self.f), device=self.device
         )
-        model.cpu()
+        round_loader.finished()
+        model.zero_grad(set_to_none=True)  # a held model keeps no gradient between rounds
         stats["hard_negatives"] = float(hn.size)
         stats["lr"] = lr
         self._save(st, model, opt, hn, stats, rnd)
         return self._reply(model, stats, hn, rnd, time.perf_counter() - t0)
 
-    def _round_models(self, st: FedFRSiteState | None, parameters: list[np.ndarray]) -> tuple:
-        """The site model (its state, then Theta_g^t and Phi_g^t), Theta_g^t, and Theta_l^{t-1} of L_con."""
-        model = self._model()
+    def _round_models(self, st: FedFRSiteState | None, parameters: list[np.ndarray], *, ready: bool) -> tuple:
+        """The site model (its state, then Theta_g^t and Phi_g^t), Theta_g^t, and Theta_l^{t-1} of L_con,
+        on the device: new on a site's first round, else the held ones (a site process) or new ones,
+        with the state's model loaded unless they are ``ready`` (already at ``st``)."""
+        last = st.model if st is not None else None
+        model = self._kept.module("model", self._model, fresh=last is None)
         prev_backbone = None
-        if st is not None and st.model is not None:
-            model.load_state_dict(st.model)  # W_l, Pi, Omega, b (and last round's Theta_l)
-            prev_backbone = copy.deepcopy(model.backbone)  # Theta_l^{t-1}
+        if last is not None:
+            if not ready:
+                model.load_state_dict(last)  # W_l, Pi, Omega, b (and last round's Theta_l)
+            prev_backbone = self._kept.copy_of("prev_backbone", model.backbone)  # Theta_l^{t-1}
         set_shared(model, self.manifest, parameters)  # Theta_g^t and Phi_g^t (Eq. 2, 4)
-        global_backbone = copy.deepcopy(model.backbone)
+        global_backbone = self._kept.copy_of("global_backbone", model.backbone)
         if prev_backbone is None:
             prev_backbone = global_backbone  # a first round: the global model, not an untrained one
         return model, global_backbone, prev_backbone
@@ -150,15 +172,21 @@ class FedFRClient(NumPyClient):
             )
         return np.empty(0, np.int64)
 
-    def _optimizer(self, model: FedFRModel, st: FedFRSiteState | None, rnd: int) -> tuple[torch.optim.SGD, float]:
+    def _optimizer(
+        self, model: FedFRModel, st: FedFRSiteState | None, rnd: int, *, ready: bool
+    ) -> tuple[torch.optim.SGD, float]:
         """The round's SGD at the round's lr: a fresh SGD every round (paper, official code);
-        ``fedfr.keep_optimizer_state``: last round's momentum."""
+        ``fedfr.keep_optimizer_state``: last round's momentum (a site process's held optimizer, at
+        ``st``, or loaded from ``st``)."""
         lr = round_learning_rate(self.f.lr, self.f.lr_milestones, self.f.lr_gamma, rnd)
-        opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=self.f.momentum, weight_decay=self.f.weight_decay)
-        if self.f.keep_optimizer_state and st is not None and st.optimizer is not None:
-            opt.load_state_dict(st.optimizer)  # momentum buffers; it also brings back last round's lr
-            for group in opt.param_groups:
-                group["lr"] = lr
+        keep = self.f.keep_optimizer_state
+        opt = self._kept.optimizer if ready and keep else None
+        if opt is None:
+            opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=self.f.momentum, weight_decay=self.f.weight_decay)
+            if keep and st is not None and st.optimizer is not None:
+                opt.load_state_dict(st.optimizer)  # momentum buffers; it also brings back last round's lr
+        for group in opt.param_groups:
+            group["lr"] = lr
         return opt, lr
 
     def _save(self, st, model: FedFRModel, opt, hn: np.ndarray, stats: dict, rnd: int) -> None:
@@ -170,12 +198,13 @@ class FedFRClient(NumPyClient):
             num_local=self.data.num_identities,
             last_round=rnd,
             rounds_trained=(st.rounds_trained if st else 0) + 1,
-            model=copy.deepcopy(model.state_dict()),
+            model=cpu_copy(model.state_dict()),  # a snapshot now: the held model trains on in the next round
             hard_negatives=hn,
-            optimizer=copy.deepcopy(opt.state_dict()) if self.f.keep_optimizer_state else None,
+            optimizer=cpu_copy(opt.state_dict()) if self.f.keep_optimizer_state else None,
             history=(st.history if st else []) + [{"round": rnd, **stats}],
         )
         self._held.keep(new, lambda: FEDFR_STATE.save(self.state_dir, new))
+        self._kept.finish(new, opt if self.f.keep_optimizer_state else None)
         record_round(self.state_dir, rnd, self.cfg.rounds)  # fedclient's exit status (client/run_end.py)
 
     def _reply(self, model: FedFRModel, stats: dict, hn: np.ndarray, rnd: int, seconds: float):
@@ -211,17 +240,23 @@ class FedFRClient(NumPyClient):
                 "generic model was pre-trained on (Phi_g rows would name other people); use the same public data"
             )
 
-    def _loader(self, hard_negatives: np.ndarray, rnd: int) -> DataLoader:
-        """Local images (labels 0..K_l-1) and this round's public hard negatives (public labels)."""
-        records = list(self.data.train) + [self.public.records[i] for i in hard_negatives]
-        is_public = [False] * len(self.data.train) + [True] * len(hard_negatives)
-        ds = FaceImages(records, face_transform(self.f.image_size, train=True, flip=self.f.flip), is_public)
-        g = torch.Generator().manual_seed(stable_seed(self.cfg.seed, self.s.site, rnd, "loader"))
-        return DataLoader(
-            ds,
-            batch_size=self.f.batch_size,
-            shuffle=True,
-            generator=g,
-            drop_last=len(ds) > self.f.batch_size,
-            num_workers=self.cfg.train.num_workers,
-        )
+    def _loader(self, hard_negatives: np.ndarray, rnd: int) -> tuple[DataLoader, RoundLoader]:
+        """Local images (labels 0..K_l-1) and this round's public hard negatives (public labels), and
+        the loader's holder: its dataset is every local and public image, the round's indices pick."""
+        held = self._train_loader
+        if held is None:
+            local, public = list(self.data.train), list(self.public.records)
+            ds = FaceImages(
+                local + public,
+                face_transform(self.f.image_size, train=True, flip=self.f.flip),
+                [False] * len(local) + [True] * len(public),
+            )
+            held = RoundLoader(
+                ds, batch_size=self.f.batch_size, num_workers=self.cfg.train.num_workers, persistent=self.s.hold_state
+            )
+        if self.s.hold_state:
+            self._train_loader = held
+        own = len(self.data.train)
+        indices = list(range(own)) + [own + int(i) for i in hard_negatives]
+        seed = stable_seed(self.cfg.seed, self.s.site, rnd, "loader")
+        return held.round(seed, indices, drop_last=len(indices) > self.f.batch_size), held

@@ -1,15 +1,20 @@
 """The FedReID site: a Flower ``NumPyClient`` holding the private data, head and local expert.
 
-One round (``fit``): check the manifest, rebuild the model, take the embedding from the server
-and the head from the site state (Eq. 7), start the local expert from this site's model at the
-end of its previous round (Eq. 10), train t_max (Eq. 3, 9-13), save the state atomically and
-return ONLY the shared tensors (the embedding; nothing of the head ever leaves the site), packed
-into one array both ways (``common/params.py``).
+One round (``fit``): check the manifest, take the embedding from the server and the head from
+the site state (Eq. 7), start the local expert from this site's model at the end of its previous
+round (Eq. 10), train t_max (Eq. 3, 9-13), save the state atomically and return ONLY the shared
+tensors (the embedding; nothing of the head ever leaves the site), packed into one array both
+ways (``common/params.py``).
+
+A per-message ClientApp builds the model, the expert and the training loader in every round, from
+the state on disk. A site process (``settings.hold_state``) keeps them: the model with its head,
+the expert and the optimizer on the site's device (``client/device_modules.py``; each round copies
+the server's embedding into the model and the model into the expert, in place), and the loader
+with persistent workers (``client/round_loader.py``). Both train the same, bit for bit.
 """
 
 from __future__ import annotations
 
-import copy
 import json
 import logging
 import time
@@ -20,11 +25,13 @@ import torch
 from flwr.client import NumPyClient
 from torch.utils.data import DataLoader
 
+from client.device_modules import DeviceModules, cpu_copy
 from client.faults import parse_fault
 from client.fedreid.state import FEDREID_STATE, FedReIDSiteState
 from client.fedreid.train import make_optimizer, set_round_lr, train_round
 from client.held_state import HeldState
 from client.manifest_check import check_manifest_hash
+from client.round_loader import RoundLoader
 from client.run_end import record_round
 from client.site_settings import SiteSettings, resolve_device
 from common.config.experiment import ExperimentConfig
@@ -56,10 +63,17 @@ class FedReIDClient(NumPyClient):
         self.fault = parse_fault(settings.fault)
         self.mode = mode_of(cfg.strategy.mode)
         self._held = HeldState(background=settings.hold_state)
+        self._kept = DeviceModules(self.device, hold=settings.hold_state)  # model, expert, optimizer
+        self._train_loader: RoundLoader | None = None  # a site process's, with persistent workers
 
     def close(self) -> None:
-        """Wait for the last state write (a site process ending)."""
-        self._held.flush()
+        """Wait for the last state write and stop the loader's workers (a site process ending)."""
+        try:
+            self._held.flush()
+        finally:
+            if self._train_loader is not None:
+                self._train_loader.close()
+            self._kept.close()
 
     def get_properties(self, config):
         """Who this site is (the coordinator names every new node by it, server/sites.py) and how many
@@ -93,17 +107,10 @@ class FedReIDClient(NumPyClient):
             num_classes=self.num_classes,
             before_round=server_round,
         )
-        model = model_for(self.cfg, self.num_classes)
-        if st is not None and st.model is not None:
-            model.load_state_dict(st.model)  # Eq. (7): own head (and own integer buffers)
-        self._set_start_point(model, parameters, st)
-        expert = None
-        if self.mode.expert and self.cfg.train.local_expert:  # never in plain fedavg / local (common/config/modes.py)
-            # Eq. (10): the expert starts from this site's model at the end of its previous round.
-            expert = model_for(self.cfg, self.num_classes)
-            expert.load_state_dict(st.model if st is not None and st.model is not None else model.state_dict())
-        opt, eopt = self._optimizers(model, expert, st, server_round)
-        loader = self._loader(server_round)
+        ready = self._kept.start(st)  # a site process's modules, exactly where round st ended
+        model, expert = self._round_models(st, parameters, ready=ready)
+        opt, eopt = self._optimizers(model, expert, st, server_round, ready=ready)
+        loader, round_loader = self._loader(server_round)
         t_load = time.perf_counter()
         # the training draws start from the round's seed, whatever building the models drew before
         seed_everything(stable_seed(self.cfg.seed, self.s.site, server_round, "train"))
@@ -120,19 +127,23 @@ class FedReIDClient(NumPyClient):
             max_steps_per_epoch=self.cfg.train.max_steps_per_epoch,
             label_offset=self._label_offset(config),
         )
+        round_loader.finished()
         t_train = time.perf_counter()
-        model.cpu()
+        for m in (model, expert):
+            if m is not None:
+                m.zero_grad(set_to_none=True)  # a held module keeps no gradient between rounds
         new = FedReIDSiteState(
             site=self.s.site,
             manifest_hash=self.manifest.hash,
             num_classes=self.num_classes,
             last_round=server_round,
             rounds_trained=(st.rounds_trained if st else 0) + 1,
-            model=copy.deepcopy(model.state_dict()),
-            optimizer=copy.deepcopy(opt.state_dict()) if self.cfg.train.keep_optimizer_state else None,
+            model=cpu_copy(model.state_dict()),  # a snapshot now: the held model trains on in the next round
+            optimizer=cpu_copy(opt.state_dict()) if self.cfg.train.keep_optimizer_state else None,
             history=(st.history if st else []) + [{"round": server_round, **stats}],
         )
         self._held.keep(new, lambda: FEDREID_STATE.save(self.state_dir, new))
+        self._kept.finish(new, opt if self.cfg.train.keep_optimizer_state else None)
         record_round(self.state_dir, server_round, self.cfg.rounds)  # fedclient's exit status (client/run_end.py)
         t_end = time.perf_counter()
         timing = {
@@ -157,6 +168,28 @@ class FedReIDClient(NumPyClient):
             return [self.fault.wire(self.s.site, server_round, self.manifest, update)], len(self.data.train), metrics
         return to_wire(self.manifest, update), len(self.data.train), metrics
 
+    def _round_models(
+        self, st: FedReIDSiteState | None, parameters: list[np.ndarray], *, ready: bool
+    ) -> tuple[ReIDModel, ReIDModel | None]:
+        """The round's model (own head, the server's embedding: Eq. 7) and local expert (Eq. 10), on the device.
+
+        Built anew on a site's first round (no state), else the held ones (a site process) or new
+        ones, with the state's model loaded into them unless they are ``ready`` (already at ``st``).
+        """
+        last = st.model if st is not None else None  # this site's model at the end of its previous round
+        model = self._kept.module("model", lambda: model_for(self.cfg, self.num_classes), fresh=last is None)
+        if last is not None and not ready:
+            model.load_state_dict(last)  # Eq. (7): own head (and own integer buffers)
+        expert = None
+        if self.mode.expert and self.cfg.train.local_expert:  # never in plain fedavg / local (common/config/modes.py)
+            expert = self._kept.module("expert", lambda: model_for(self.cfg, self.num_classes), fresh=last is None)
+            if last is not None:  # Eq. (10): the model at the end of the previous round, copied in place
+                expert.load_state_dict(model.state_dict())
+        self._set_start_point(model, parameters, st)
+        if expert is not None and last is None:  # a site's first round: the model it starts from
+            expert.load_state_dict(model.state_dict())
+        return model, expert
+
     def _set_start_point(self, model: ReIDModel, parameters: list[np.ndarray], st: FedReIDSiteState | None) -> None:
         """Eq. (7)/(15): the embedding from the server; ``local`` mode keeps its own after round 1."""
         if self.mode.own_embedding and st is not None and st.model is not None:
@@ -168,7 +201,7 @@ class FedReIDClient(NumPyClient):
             state = model.state_dict()
             with torch.no_grad():
                 for k in self.manifest.keys:
-                    state[k].mul_(1 - a).add_(st.model[k], alpha=a)
+                    state[k].mul_(1 - a).add_(st.model[k].to(state[k].device), alpha=a)
 
     def _label_offset(self, config) -> int:
         """Common head (fedavg): this site's identity j is logit offset + j, the offset sent by the
@@ -189,7 +222,7 @@ class FedReIDClient(NumPyClient):
             )
         return offset
 
-    def _optimizers(self, model, expert, st, server_round):
+    def _optimizers(self, model, expert, st, server_round, *, ready: bool):
         t = self.cfg.train
         kw = {
             "lr_embedding": t.lr_embedding,
@@ -198,30 +231,35 @@ class FedReIDClient(NumPyClient):
             "nesterov": t.nesterov,
             "weight_decay": t.weight_decay,
         }
-        opt = make_optimizer(model, **kw)
         eopt = make_optimizer(expert, **kw) if expert is not None else None
-        # a fresh SGD every round (both papers' public codes); train.keep_optimizer_state: last round's momentum
-        if t.keep_optimizer_state and st is not None and st.optimizer is not None:
-            opt.load_state_dict(st.optimizer)
+        # a fresh SGD every round (both papers' public codes); train.keep_optimizer_state: last round's
+        # momentum (a site process's held optimizer, at st, or loaded from st)
+        opt = self._kept.optimizer if ready and t.keep_optimizer_state else None
+        if opt is None:
+            opt = make_optimizer(model, **kw)
+            if t.keep_optimizer_state and st is not None and st.optimizer is not None:
+                opt.load_state_dict(st.optimizer)
         # the expert is a new model every round (Eq. 10): its optimizer starts afresh too
         for o in (opt, eopt):
             if o is not None:
                 set_round_lr(o, server_round, t.lr_step_rounds, t.lr_gamma)
         return opt, eopt
 
-    def _loader(self, server_round: int) -> DataLoader:
+    def _loader(self, server_round: int) -> tuple[DataLoader, RoundLoader]:
+        """The round's loader (two views of every training image), and its holder."""
         t, m = self.cfg.train, self.cfg.model
         train = self.data.train
         if len(train) < t.batch_size:
             raise ValueError(
                 f"site {self.s.site}: {len(train)} training images is fewer than one batch ({t.batch_size})"
             )
-        g = torch.Generator().manual_seed(stable_seed(self.cfg.seed, self.s.site, server_round, "loader"))
-        return DataLoader(
+        held = self._train_loader or RoundLoader(
             ImageDataset(train, train_transform(m.height, m.width), views=2),
             batch_size=t.batch_size,
-            shuffle=True,
-            drop_last=True,
-            generator=g,
             num_workers=t.num_workers,
+            persistent=self.s.hold_state,
         )
+        if self.s.hold_state:
+            self._train_loader = held
+        seed = stable_seed(self.cfg.seed, self.s.site, server_round, "loader")
+        return held.round(seed, range(len(train)), drop_last=True), held

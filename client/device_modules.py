@@ -1,0 +1,92 @@
+"""The modules of a site's rounds on its device, kept between rounds by a site process, and their CPU copy.
+
+A per-message ClientApp (``hold=False``) builds every module in every round and loads it from the
+state on disk. A site process (``hold=True``) keeps them on its device: a module is built once, and
+each round only copies into it what changes (the server's shared tensors, Eq. 7; the previous
+round's model into the expert, Eq. 10). The same code runs both ways: "reuse the module if I have
+one, else build it".
+
+Whether a held module can be used as it is follows the state record the round starts from
+(``client/held_state.py``): :meth:`DeviceModules.start` is true only when that record is the very
+one :meth:`DeviceModules.finish` was given at the end of the last round, i.e. the modules are
+exactly where that round left them. Otherwise (the process's first round with a saved state, a
+round asked again after a coordinator resume, a round after one that failed half-way and left
+half-trained weights behind) the caller loads the record's tensors into the held modules.
+
+What is written to disk is :func:`cpu_copy` of their state dicts, taken synchronously at the
+end of the round: the same keys and values, CPU tensors, as the modules' own state dicts.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import torch
+from torch import nn
+
+M = TypeVar("M", bound=nn.Module)
+
+
+class DeviceModules:
+    def __init__(self, device: torch.device, *, hold: bool) -> None:
+        self.device = device
+        self.hold = hold
+        self._modules: dict[str, nn.Module] = {}
+        self._at: Any = None  # the state record the held modules are at (None: unknown)
+        self.optimizer: torch.optim.Optimizer | None = None  # the held model's, at ``_at`` (only when kept)
+
+    def start(self, state: Any) -> bool:
+        """A round starts from ``state``: True if the held modules are at it (nothing to load).
+
+        Taken, not kept: until :meth:`finish`, the modules count as half-trained.
+        """
+        at, self._at = self._at, None
+        return self.hold and state is not None and at is state
+
+    def module(self, name: str, build: Callable[[], M], *, fresh: bool) -> M:
+        """The module ``name`` on the device: the held one, or (``fresh``, none held, not holding)
+        a new one from ``build()``, held from now on by a site process."""
+        m = self._modules.get(name) if self.hold else None
+        if m is None or fresh:
+            m = build().to(self.device)
+            if self.hold:
+                self._modules[name] = m
+        return m
+
+    def copy_of(self, name: str, source: nn.Module) -> nn.Module:
+        """A module equal to ``source`` (tensors and all): the held one with ``source`` copied into it
+        in place, or a new deep copy, held from now on by a site process."""
+        m = self._modules.get(name) if self.hold else None
+        if m is None:
+            m = copy.deepcopy(source)
+            if self.hold:
+                self._modules[name] = m
+        else:
+            m.load_state_dict(source.state_dict())
+        return m
+
+    def finish(self, state: Any, optimizer: torch.optim.Optimizer | None = None) -> None:
+        """The round ended and ``state`` (its record, kept by ``HeldState``) is where the modules are."""
+        if self.hold:
+            self._at, self.optimizer = state, optimizer
+
+    def close(self) -> None:
+        self._modules.clear()
+        self._at, self.optimizer = None, None
+
+
+def cpu_copy(obj: Any) -> Any:
+    """A copy of a state dict (nested dicts, lists, tuples of tensors and plain values) with every
+    tensor copied to the CPU; a dict keeps its class and attributes (a module state dict's ``_metadata``)."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().to("cpu", copy=True)
+    if isinstance(obj, dict):
+        out = copy.copy(obj)
+        for k, v in obj.items():
+            out[k] = cpu_copy(v)
+        return out
+    if isinstance(obj, list | tuple):
+        return type(obj)(cpu_copy(v) for v in obj)
+    return copy.deepcopy(obj)
