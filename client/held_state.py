@@ -5,6 +5,10 @@ next round reads it from disk. A site process (``hold=True``) keeps the state it
 next round and writes the file in a background thread, off the reply's path; the write is waited
 for before the next round starts and before the process ends, so the file on disk is always the
 newest finished round (crash safety, coordinator resume and a restart read it as before).
+
+The held record also tells whether the site process's modules on its device can be used as they
+are (``client/device_modules.py``): only when ``take`` hands back the very record they were left
+at; otherwise they are loaded from the record the round starts from.
 """
 
 from __future__ import annotations

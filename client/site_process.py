@@ -3,10 +3,14 @@
     python -m client.site_process --socket STATE_DIR/site.sock --node-config-json '{"site": ...}'
 
 It imports torch once, builds the site (``client/tasks.py``: the FedReID or FedFR NumPyClient,
-with its data index) on the first message of a run and keeps it: the state of the site's last
-round (models, head, expert, DFC layer, optimizer state) stays in memory, and the state file is
-still written atomically after every round (crash safety, coordinator resume and a restart of this
-process read it). Each message arrives from the ClientApp forwarder (``client/forward.py``) over
+with its data index) on the first message of a run and keeps it: the site's modules stay on its
+device between rounds (FedReID: the model with its head, the expert; FedFR: the site model with
+W_l and the DFC layer, Theta_g and Theta_l^{t-1}; the optimizer with its momentum), each round
+only copying the new global tensors into them (``client/device_modules.py``); the training
+loader keeps its worker processes (``persistent_workers``, ``client/round_loader.py``); the
+state record of the last round stays in memory (``client/held_state.py``), and the state file is
+still written atomically after every round, from a CPU copy taken at the round's end, in the
+background (crash safety, coordinator resume and a restart of this process read it). Each message arrives from the ClientApp forwarder (``client/forward.py``) over
 the site's channel (``client/channel.py``); a failure becomes an error reply, never a dead process.
 
 It ends on SIGTERM/SIGINT, and by itself when ``fedclient`` (its parent) is gone.

@@ -81,6 +81,8 @@ class TrainConfig:
     local_expert: bool = True  # Eq. (10)-(13); false = the "no local expert" baseline
     temperature: float = 3.0  # T of Eq. (12)
     start_mix: float = 0.0  # public code's option: start = (1-a)*server + a*previous local (paper: 0)
+    # training DataLoader workers (a site process keeps them across rounds); no draw depends on it
+    # (common/datasets/round_sampling.py: per-sample augmentation seeds)
     num_workers: int = 0
     threads: int = 0  # torch threads per site process (0 = torch default)
     max_steps_per_epoch: int = 0  # 0 = whole epoch; >0 caps an epoch (demo/tests)

@@ -39,7 +39,9 @@ class SiteConfig:
     public_root: str = ""  # FedFR: the site's copy of the public face data ("" = the run's fedfr.public_root)
     device: str = "cpu"  # torch device of local training (cpu, cuda, cuda:1, auto)
     fault: str = ""  # fault injection for tests only (client/faults.py); empty on a real site
-    hold_state: bool = False  # a long-lived site process: keep the last state in memory, write it off the reply's path
+    # a long-lived site process: keep the last state, the modules on the device and the loader's
+    # workers between rounds, write the state off the reply's path
+    hold_state: bool = False
     site_socket: str = ""  # the long-lived site process's channel (client/forward.py); "" = none
 
     # field -> node-config key; the first five always travel, the others only when set
