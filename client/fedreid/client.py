@@ -231,6 +231,7 @@ class FedReIDClient(NumPyClient):
             "nesterov": t.nesterov,
             "weight_decay": t.weight_decay,
         }
+        # the expert restarts every round from the model (Eq. 10): its optimizer starts afresh too
         eopt = make_optimizer(expert, **kw) if expert is not None else None
         # a fresh SGD every round (both papers' public codes); train.keep_optimizer_state: last round's
         # momentum (a site process's held optimizer, at st, or loaded from st)
@@ -239,7 +240,6 @@ class FedReIDClient(NumPyClient):
             opt = make_optimizer(model, **kw)
             if t.keep_optimizer_state and st is not None and st.optimizer is not None:
                 opt.load_state_dict(st.optimizer)
-        # the expert is a new model every round (Eq. 10): its optimizer starts afresh too
         for o in (opt, eopt):
             if o is not None:
                 set_round_lr(o, server_round, t.lr_step_rounds, t.lr_gamma)
