@@ -38,6 +38,13 @@ from server.launch import (
 from server.sim_worlds import POOLED, WORLDS, pool_sites, write_class_data
 
 
+def _class_list(text: str) -> list[int]:
+    try:
+        return [int(c) for c in text.split(",") if c.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected class numbers separated by commas (e.g. 0,6), found {text!r}") from None
+
+
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     """fedsim's options and the Hydra overrides of the run."""
     p = argparse.ArgumentParser(
@@ -81,10 +88,16 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
         choices=WORLDS,
         default="reid",
         help="reid: synthetic multi-domain Re-ID (default); fashion-mnist / cifar10: a real classification "
-        "set from --world-root as sites with disjoint classes, the last 2 classes held out",
+        "set from --world-root as sites with disjoint classes, some classes held out (--held-out-classes)",
     )
     p.add_argument(
         "--world-root", default="", help="folder of the official IDX (Fashion-MNIST) or cifar-10-batches-py release"
+    )
+    p.add_argument(
+        "--held-out-classes",
+        type=_class_list,
+        default=None,
+        help="class worlds: the classes no site trains on, comma-separated (default: the last 2), e.g. 0,6",
     )
     p.add_argument("--iid", action="store_true", help="class worlds: every site all training classes (disjoint images)")
     p.add_argument("--per-class", type=int, default=300, help="class worlds: training images per class and site")
@@ -124,6 +137,7 @@ def write_world(a: argparse.Namespace, data_dir: Path) -> tuple[dict, dict, list
             a.world_root,
             a.sites,
             iid=a.iid,
+            held_out=a.held_out_classes or 2,
             per_class=a.per_class,
             queries_per_class=a.queries_per_class,
             gallery_per_class=a.gallery_per_class,

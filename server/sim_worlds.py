@@ -4,7 +4,8 @@
   identities, and two unseen synthetic target domains (server/fedreid/demo.py ``write_data``).
 - ``fashion-mnist`` / ``cifar10``: the FedReID paper's classification analysis on real images
   (common/datasets/class_world.py): sites with disjoint class subsets (``iid``: every site all
-  training classes, disjoint images), the last classes held out as the unseen target.
+  training classes, disjoint images), some classes (the last two, or those named) held out as the
+  unseen target.
 - ``pool``: the centralised bound: one site, ``pooled``, holding every site's training images with
   their identities kept apart (the same world, pooled).
 
@@ -31,7 +32,7 @@ def write_class_data(
     sites: list[str],
     *,
     iid: bool = False,
-    held_out: int = 2,
+    held_out: int | list[int] = 2,
     per_class: int = 300,
     queries_per_class: int = 100,
     gallery_per_class: int = 500,

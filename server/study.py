@@ -22,7 +22,7 @@ Every run goes to ``<out>/runs/<variant>/seed<k>/`` with ``--out`` that folder, 
 runs share (the synthetic world) is written once to ``<out>/data`` (``{data}`` in args). Then
 ``results.{json,csv,md}`` and plots are written to ``<out>`` (server/study_results.py).
 
-    fedstudy fedreid-ablation [--out runs/study/fedreid-ablation] [--only VARIANT ...] [key=value ...]
+    fedstudy fedreid-ablation [--out runs/study/fedreid-ablation] [--only VARIANT,...] [key=value ...]
 
 ``key=value`` overrides the study file itself (OmegaConf dot-list), e.g. ``seeds=[0]``.
 """
@@ -153,7 +153,13 @@ def main(argv: list[str] | None = None) -> None:
     )
     p.add_argument("study", help="a name under conf/study/ or a path to a study YAML file")
     p.add_argument("--out", default=None, help="study folder (default runs/study/<name>)")
-    p.add_argument("--only", nargs="+", default=None, help="run only these variants")
+    p.add_argument(
+        "--only",
+        action="extend",
+        type=lambda text: [v for v in text.split(",") if v],
+        default=None,
+        help="run only these variants, comma-separated (--only fedreid,fedavg); key=value overrides stay separate",
+    )
     p.add_argument("--timeout", type=float, default=7200, help="seconds one run may take")
     p.add_argument("--tables-only", action="store_true", help="do not run anything: rebuild tables and plots")
     a, overrides = p.parse_known_args(argv)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -36,19 +37,31 @@ class ClassWorld:
         return asdict(self)
 
 
-def split_classes(num_classes: int, num_sites: int, num_held_out: int, *, iid: bool = False) -> ClassWorld:
-    """The last ``num_held_out`` classes are held out; the rest are dealt to the sites in contiguous blocks
-    (disjoint), or all given to every site when ``iid``."""
-    if not 0 < num_held_out < num_classes:
-        raise ValueError(f"num_held_out must be in 1..{num_classes - 1}, found {num_held_out}")
-    train = list(range(num_classes - num_held_out))
+def split_classes(
+    num_classes: int, num_sites: int, held_out: int | Sequence[int], *, iid: bool = False
+) -> ClassWorld:
+    """``held_out``: a number N (the last N classes) or the held-out classes themselves; the other
+    classes are dealt to the sites in contiguous blocks in class order (disjoint), or all given to
+    every site when ``iid``."""
+    if isinstance(held_out, int):
+        if not 0 < held_out < num_classes:
+            raise ValueError(f"num_held_out must be in 1..{num_classes - 1}, found {held_out}")
+        out = tuple(range(num_classes - held_out, num_classes))
+    else:
+        out = tuple(sorted({int(c) for c in held_out}))
+        if len(out) != len(held_out) or not out or len(out) >= num_classes or not all(0 <= c < num_classes for c in out):
+            raise ValueError(
+                f"held-out classes must be distinct classes of 0..{num_classes - 1}, leaving at least one "
+                f"to train on; found {list(held_out)}"
+            )
+    train = [c for c in range(num_classes) if c not in out]
     if not iid and len(train) < num_sites:
         raise ValueError(f"{len(train)} training classes cannot be split over {num_sites} sites without overlap")
     if iid:
         sites = tuple(tuple(train) for _ in range(num_sites))
     else:
         sites = tuple(tuple(int(c) for c in block) for block in np.array_split(np.array(train), num_sites))
-    return ClassWorld(num_classes, sites, tuple(range(num_classes - num_held_out, num_classes)), iid)
+    return ClassWorld(num_classes, sites, out, iid)
 
 
 def _as_rgb(img: np.ndarray) -> np.ndarray:

@@ -116,6 +116,27 @@ def test_split_classes():
         split_classes(5, 5, 1)
 
 
+def test_split_classes_with_named_held_out_classes():
+    w = split_classes(10, 4, [6, 0])  # Fashion-MNIST's T-shirt/top and shirt
+    assert w.held_out == (0, 6)
+    assert w.site_classes == ((1, 2), (3, 4), (5, 7), (8, 9))
+    assert sorted(c for cs in w.site_classes for c in cs) == [1, 2, 3, 4, 5, 7, 8, 9]
+    w = split_classes(10, 2, [0, 6], iid=True)
+    assert w.site_classes == ((1, 2, 3, 4, 5, 7, 8, 9),) * 2
+    for bad in ([0, 0], [10], [], list(range(10))):
+        with pytest.raises(ValueError, match="held-out classes must be distinct"):
+            split_classes(10, 2, bad)
+
+
+def test_fedsim_held_out_classes_option():
+    from server.sim import parse_args
+
+    a, _ = parse_args(["--engine", "simulation", "--held-out-classes", "0,6", "--world", "fashion-mnist"])
+    assert a.held_out_classes == [0, 6]
+    with pytest.raises(SystemExit):
+        parse_args(["--held-out-classes", "shirt"])
+
+
 def _toy(n_per_class, classes, seed):
     rng = np.random.default_rng(seed)
     labels = np.repeat(np.arange(classes), n_per_class)

@@ -83,6 +83,14 @@ def test_an_interrupted_study_resumes(tmp_path, capsys):
     assert "done before, skipped" in capsys.readouterr().out
 
 
+def test_only_takes_a_comma_list_and_leaves_overrides_alone(tmp_path):
+    path = _study(tmp_path, seeds=(0, 1))
+    out = tmp_path / "out"
+    main([str(path), "--out", str(out), "--only", "low,high", "seeds=[1]"])  # the override is not a variant
+    calls = (out / "calls.txt").read_text().split("\n")
+    assert sorted(c for c in calls if c) == ["high 1", "low 1"]
+
+
 def test_failed_run_is_reported_and_not_counted(tmp_path):
     path = _study(tmp_path, seeds=(0,))
     study = load_study(str(path), ["variants.high.overrides=[x=oops]"])
