@@ -42,7 +42,9 @@ def _class_list(text: str) -> list[int]:
     try:
         return [int(c) for c in text.split(",") if c.strip()]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected class numbers separated by commas (e.g. 0,6), found {text!r}") from None
+        raise argparse.ArgumentTypeError(
+            f"expected class numbers separated by commas (e.g. 0,6), found {text!r}"
+        ) from None
 
 
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:

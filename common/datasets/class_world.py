@@ -37,9 +37,7 @@ class ClassWorld:
         return asdict(self)
 
 
-def split_classes(
-    num_classes: int, num_sites: int, held_out: int | Sequence[int], *, iid: bool = False
-) -> ClassWorld:
+def split_classes(num_classes: int, num_sites: int, held_out: int | Sequence[int], *, iid: bool = False) -> ClassWorld:
     """``held_out``: a number N (the last N classes) or the held-out classes themselves; the other
     classes are dealt to the sites in contiguous blocks in class order (disjoint), or all given to
     every site when ``iid``."""
@@ -49,7 +47,12 @@ def split_classes(
         out = tuple(range(num_classes - held_out, num_classes))
     else:
         out = tuple(sorted({int(c) for c in held_out}))
-        if len(out) != len(held_out) or not out or len(out) >= num_classes or not all(0 <= c < num_classes for c in out):
+        if (
+            len(out) != len(held_out)
+            or not out
+            or len(out) >= num_classes
+            or not all(0 <= c < num_classes for c in out)
+        ):
             raise ValueError(
                 f"held-out classes must be distinct classes of 0..{num_classes - 1}, leaving at least one "
                 f"to train on; found {list(held_out)}"
