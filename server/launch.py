@@ -42,6 +42,13 @@ class LocalSite:
     public_root: Path | None = None
 
 
+def split_overrides(argv: Sequence[str]) -> tuple[list[str], list[str]]:
+    """(options, Hydra overrides): every ``KEY=VALUE`` word is an override, wherever it stands, so an
+    option of several words (``--sites a b``) never swallows one (``--sites 20 seed=1``)."""
+    is_override = ["=" in w and not w.startswith("-") for w in argv]
+    return [w for w, o in zip(argv, is_override) if not o], [w for w, o in zip(argv, is_override) if o]
+
+
 def site_list(sites: list[str], engine: str, prefix: str = "site") -> list[str]:
     """``--sites``: names, or one number N (simulation: N virtual sites prefix01..prefixNN)."""
     if len(sites) == 1 and sites[0].isdigit():

@@ -34,6 +34,7 @@ from server.launch import (
     run_federation,
     simulation_overrides,
     site_list,
+    split_overrides,
 )
 from server.sim_worlds import POOLED, WORLDS, pool_sites, write_class_data
 
@@ -110,7 +111,9 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
         action="store_true",
         help="the centralised bound: one virtual site 'pooled' with every site's images (--engine simulation)",
     )
-    a, overrides = p.parse_known_args(argv)
+    options, overrides = split_overrides(list(argv if argv is not None else sys.argv[1:]))
+    a, rest = p.parse_known_args(options)
+    overrides = rest + overrides  # anything argparse does not know goes to Hydra, which names it
     a.sites = site_list(a.sites, a.engine)
     if a.pool_sites and a.engine != "simulation":
         raise SystemExit("--pool-sites: the pooled site runs as a virtual site; add --engine simulation")

@@ -29,6 +29,8 @@ from common.datasets import face_split, synthetic_faces
 from common.datasets.face_split import plan_split, read_identities, write_split
 from common.datasets.fingerprint import MARKER, data_fingerprint, is_current, mark_complete
 from common.datasets.synthetic_faces import write_identity_folders, write_ijbc_layout
+from server.fedfr.pretrain import pretrained_path
+from server.fedfr.pretrain_cache import pretrain_key
 from server.launch import (
     LocalSite,
     clear_site_states,
@@ -36,6 +38,7 @@ from server.launch import (
     run_federation,
     simulation_overrides,
     site_list,
+    split_overrides,
 )
 
 # The IJB-C-style set is written as aligned 112x112 crops without landmarks (what the evaluation
@@ -110,7 +113,16 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--port", type=int, default=0, help="SuperLink port (default: a free one)")
     p.add_argument("--timeout", type=float, default=1200, help="seconds before everything is stopped")
-    a, overrides = p.parse_known_args(argv)
+    p.add_argument("--data-dir", default=None, help="where the faces are written once and reused (default OUT/data)")
+    p.add_argument(
+        "--pretrained-cache",
+        default=None,
+        help="folder of pre-trained models Theta_g^0 kept by what made them (pre-training settings, seed, public "
+        "data, code): a run whose pre-training is there copies it instead of pre-training (studies)",
+    )
+    options, overrides = split_overrides(list(argv if argv is not None else sys.argv[1:]))
+    a, rest = p.parse_known_args(options)
+    overrides = rest + overrides  # anything argparse does not know goes to Hydra, which names it
     a.sites = site_list(a.sites, a.engine, prefix="face")
     return a, overrides
 
@@ -140,8 +152,32 @@ def local_sites(out: Path, roots: dict[str, Path], names: list[str]) -> list[Loc
     return [LocalSite(s, "face_site", roots[s], out / "state" / s, public_root=roots["public"]) for s in names]
 
 
-def pretrain(overrides: list[str], out: Path, timeout_s: float) -> int:
-    """Step 2: ``fedserver fedfr.stage=pretrain``: Theta_g^0 and Phi_g on the public identities (no site)."""
+def pretrain(overrides: list[str], out: Path, timeout_s: float, cache: Path | None = None) -> int:
+    """Step 2: ``fedserver fedfr.stage=pretrain``: Theta_g^0 and Phi_g on the public identities (no site).
+
+    With ``cache``, a pre-training made before by the same settings (server/fedfr/pretrain_cache.py)
+    is copied to where the federated run reads it, and a new one is kept there.
+    """
+    if cache is None:
+        return _pretrain_run(overrides, out, timeout_s)
+    cfg = compose_experiment(overrides)
+    kept = cache / f"pretrained-{pretrain_key(cfg)}.pt"
+    target = pretrained_path(cfg)
+    if kept.is_file():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(kept, target)
+        print(f"sim_fedfr: pre-trained model from the cache ({kept})", flush=True)
+        return 0
+    if code := _pretrain_run(overrides, out, timeout_s):
+        return code
+    cache.mkdir(parents=True, exist_ok=True)
+    tmp = kept.with_suffix(".tmp")
+    shutil.copyfile(target, tmp)
+    tmp.replace(kept)  # atomic: a concurrent or interrupted run never reads half a file
+    return 0
+
+
+def _pretrain_run(overrides: list[str], out: Path, timeout_s: float) -> int:
     return run_federation(
         [*overrides, "fedfr.stage=pretrain"],
         [],
@@ -172,12 +208,14 @@ def main(argv: list[str] | None = None) -> None:
     out = Path(a.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
-    roots = write_data(out / "data", a.sites, a)
-    print(f"sim_fedfr: synthetic faces in {out / 'data'} ({time.time() - t0:.0f}s)", flush=True)
+    data = Path(a.data_dir).resolve() if a.data_dir else out / "data"
+    roots = write_data(data, a.sites, a)
+    print(f"sim_fedfr: synthetic faces in {data} ({time.time() - t0:.0f}s)", flush=True)
     sites = local_sites(out, roots, a.sites)
     clear_site_states(sites)  # every site starts afresh (no DFC, W_l or previous model of an earlier run)
     run = run_overrides(a, out, roots, sites, overrides)
-    if code := pretrain(run, out, a.timeout):
+    cache = Path(a.pretrained_cache).resolve() if a.pretrained_cache else None
+    if code := pretrain(run, out, a.timeout, cache):
         sys.exit(code)
     print(f"sim_fedfr: pre-trained ({time.time() - t0:.0f}s)", flush=True)
     if code := federate(a, out, sites, run):

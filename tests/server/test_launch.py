@@ -115,3 +115,17 @@ def test_sigterm_raises_systemexit_143_and_the_previous_handler_comes_back():
         time.sleep(5)  # the handler raises before this ends
     assert e.value.code == 143
     assert signal.getsignal(signal.SIGTERM) == before
+
+
+def test_split_overrides_keeps_an_option_of_several_words_from_swallowing_overrides():
+    from server.launch import split_overrides
+    from server.sim import parse_args
+
+    assert split_overrides(["--sites", "20", "seed=1", "--out", "o", "rounds=2"]) == (
+        ["--sites", "20", "--out", "o"],
+        ["seed=1", "rounds=2"],
+    )
+    a, overrides = parse_args(["--engine", "simulation", "--sites", "3", "seed=1", "++x.y=2"])
+    assert a.sites == ["site01", "site02", "site03"] and overrides == ["seed=1", "++x.y=2"]
+    a, overrides = parse_args(["--sites", "market1501", "dukemtmc", "rounds=2"])  # named sites as before
+    assert a.sites == ["market1501", "dukemtmc"] and overrides == ["rounds=2"]
