@@ -6,7 +6,9 @@ the data, models, head, expert and DFC layer and does the round. Without one (th
 engine, ``fedclient --no-site-process``, unit tests) the ClientApp builds the site in its own
 process, from its state on disk: the same site code (``client/tasks.py``) either way. A virtual
 site of the simulation engine has only a partition id: ``client/virtual_site.py`` turns it into
-that site's node config first.
+that site's node config first; a Ray worker keeps the parsed experiment and each virtual site's
+``NumPyClient`` for the run (:data:`VIRTUAL_SITES`), never a round's state. Every site's arrays
+cross the message through ``client/wire_client.py`` (Flower's ``.npy`` bytes, one copy each way).
 """
 
 from __future__ import annotations
@@ -14,9 +16,20 @@ from __future__ import annotations
 from flwr.client import ClientApp
 from flwr.common import Context
 
-from client.virtual_site import is_virtual, virtual_node_config
+from client.virtual_site import VirtualSites, is_virtual
+from client.wire_client import WireClient
 from common.config.run import RUN_CONFIG_KEY, site_config
 from common.logs import setup_logging
+
+
+def _build_site(cfg, node_config):
+    from client.tasks import build_site  # torch: not imported by a site process's forwarder
+
+    return build_site(cfg, node_config)
+
+
+# the virtual sites this process (a Ray worker of the simulation engine) has served in the current run
+VIRTUAL_SITES = VirtualSites(_build_site)
 
 
 def client_fn(context: Context):
@@ -26,13 +39,10 @@ def client_fn(context: Context):
     if node.get("site-socket"):
         from client.forward import ForwardingClient  # numpy only: no torch in this process
 
-        return ForwardingClient(str(node["site-socket"]), experiment, site=str(node.get("site", ""))).to_client()
-    from client.tasks import build_site
-
-    cfg = site_config(context.run_config)  # the experiment's site view (common/config/run.py)
+        return WireClient(ForwardingClient(str(node["site-socket"]), experiment, site=str(node.get("site", ""))))
     if is_virtual(node):  # simulation engine: partition id -> that virtual site's settings
-        node = virtual_node_config(cfg, node)
-    return build_site(cfg, node).to_client()
+        return WireClient(VIRTUAL_SITES.site(experiment, node))
+    return WireClient(_build_site(site_config(context.run_config), node))
 
 
 app = ClientApp(client_fn=client_fn)

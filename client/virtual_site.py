@@ -8,10 +8,20 @@ SuperNode would carry, from the run's ``sites`` (partition i = ``sites[i]``) and
 (reader, data root, private state folder), through the one conversion of
 ``common/config/site.py``. It is wiring at the ClientApp's edge: the NumPyClient
 and the Strategy see exactly what they see on a deployment.
+
+A Ray worker serves many messages of many virtual sites for one run (Flower sends a message to
+whichever worker is free). :class:`VirtualSites` keeps, per worker process, what does not change
+during a run: the experiment parsed once per run config (``ExperimentConfig.from_json``, tens of
+ms), and each virtual site's ``NumPyClient`` (its data index, manifest and settings: what a
+site process keeps for a deployment site, ``client/site_process.py``), keyed by the site's whole
+node config. Nothing of a round is kept: a virtual site is built without ``hold-state``, so its
+every round reads the site's state from its own state folder and writes it back before the reply
+(``client/state.py``); another worker may have trained the site in between.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from common.config.experiment import ExperimentConfig
@@ -59,3 +69,46 @@ def virtual_node_config(cfg: ExperimentConfig, node_config: dict[str, Any]) -> d
         public_root=vs.public_root,
         device=vs.device or ("cuda" if cfg.engine.num_gpus > 0 else "cpu"),
     ).to_node_config()
+
+
+class VirtualSites:
+    """The virtual sites one Ray worker has served in the current run (one per node config).
+
+    ``build(cfg, node_config)`` makes a site's ``NumPyClient`` (``client/tasks.build_site``); a new
+    run config drops every site of the previous one.
+    """
+
+    def __init__(
+        self,
+        build: Callable[[ExperimentConfig, dict[str, str]], Any],
+        parse: Callable[[str], ExperimentConfig] = ExperimentConfig.from_json,
+    ) -> None:
+        self.build = build
+        self.parse = parse
+        self.experiment: str | None = None
+        self.cfg: ExperimentConfig | None = None
+        self.sites: dict[tuple[tuple[str, str], ...], Any] = {}
+
+    def site(self, experiment: str, node_config: dict[str, Any]) -> Any:
+        """The ``NumPyClient`` of the virtual site ``node_config`` names, in the run of ``experiment``."""
+        if experiment != self.experiment or self.cfg is None:
+            self.close()
+            self.cfg = self.parse(experiment)
+            self.experiment = experiment
+        node = virtual_node_config(self.cfg, node_config)
+        if node.get("hold-state"):  # never from virtual_node_config: a round's state stays on disk
+            raise ValueError("a virtual site keeps no state in memory between messages (hold-state)")
+        key = tuple(sorted(node.items()))
+        site = self.sites.get(key)
+        if site is None:
+            site = self.sites[key] = self.build(self.cfg, node)
+        return site
+
+    def close(self) -> None:
+        """Drop every site (waiting for nothing: a virtual site writes its state before replying)."""
+        for site in self.sites.values():
+            close = getattr(site, "close", None)
+            if close is not None:
+                close()
+        self.sites.clear()
+        self.experiment, self.cfg = None, None

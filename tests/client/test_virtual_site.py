@@ -3,17 +3,21 @@ the run-tag clean-up (fast; the real runs are in test_simulation_e2e.py)."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
+import torch
 
-from client.virtual_site import is_virtual, virtual_node_config
+from client.virtual_site import VirtualSites, is_virtual, virtual_node_config
 from common import processes
 from common.config.compose import compose_experiment
 from common.config.engine import VirtualSiteConfig
+from common.config.experiment import ExperimentConfig
 from tests.fakes import tiny_config
 
 
@@ -176,3 +180,119 @@ def test_kill_tagged_ends_only_the_runs_processes():
             p.wait(timeout=10)
     with pytest.raises(ValueError, match="non-empty run tag"):
         processes.kill_tagged("")
+
+
+# ---- what a Ray worker keeps between messages (client/virtual_site.py VirtualSites) ----
+
+
+class Built:
+    """A stand-in site: records what it was built from."""
+
+    def __init__(self, cfg, node):
+        self.cfg, self.node, self.closed = cfg, node, False
+
+    def close(self):
+        self.closed = True
+
+
+def counting_parse(calls: list):
+    def parse(text):
+        calls.append(text)
+        return ExperimentConfig.from_json(text)
+
+    return parse
+
+
+def run_json(cfg) -> str:
+    return json.dumps(cfg.site_view(), sort_keys=True)
+
+
+def test_the_run_config_is_parsed_once_per_worker_and_run():
+    calls = []
+    sites = VirtualSites(Built, parse=counting_parse(calls))
+    exp = run_json(sim_config(3))
+    a = sites.site(exp, {"partition-id": 0, "num-partitions": 3})
+    b = sites.site(exp, {"partition-id": 1, "num-partitions": 3})
+    assert sites.site(exp, {"partition-id": 0, "num-partitions": 3}) is a  # the same site: the same client
+    assert len(calls) == 1 and a.cfg is b.cfg  # two (three) messages of one run: one parse
+    assert (a.node["site"], b.node["site"]) == ("site01", "site02") and a is not b  # never another site's
+    other = run_json(sim_config(3, num_gpus=0.25))  # a new run
+    c = sites.site(other, {"partition-id": 0, "num-partitions": 3})
+    assert len(calls) == 2 and c is not a and a.closed and b.closed and c.node["device"] == "cuda"
+
+
+def test_a_site_with_another_data_root_or_state_folder_is_built_anew():
+    sites = VirtualSites(Built)
+    cfg = sim_config(2)
+    first = sites.site(run_json(cfg), {"partition-id": 0, "num-partitions": 2})
+    cfg.engine.sites["site01"].data_root = "/elsewhere/site01"
+    moved = sites.site(run_json(cfg), {"partition-id": 0, "num-partitions": 2})
+    assert moved is not first and moved.node["data-root"] == "/elsewhere/site01"  # its reader lists the new root
+    cfg.engine.sites["site01"].state_dir = "/state/new01"
+    assert sites.site(run_json(cfg), {"partition-id": 0, "num-partitions": 2}).node["state-dir"] == "/state/new01"
+
+
+def test_a_bad_run_config_is_not_kept():
+    sites = VirtualSites(Built)
+    with pytest.raises(ValueError):
+        sites.site(json.dumps({"sites": ["a"], "rounds": -1}), {"partition-id": 0, "num-partitions": 1})
+    assert sites.experiment is None and sites.sites == {}
+
+
+def test_two_workers_training_one_site_by_turns_equal_the_plain_path(tmp_path, tiny_site):
+    """Flower sends a virtual site's messages to any free Ray worker: worker A trains rounds 1 and 3,
+    worker B round 2. A's client of round 1 must not bring anything of round 1 into round 3 (the
+    state of round 2 is on disk): the replies and the state equal a fresh site per message."""
+    from flwr.common import FitIns, ndarrays_to_parameters
+
+    from client.fedreid.state import FEDREID_STATE
+    from client.tasks import build_site
+    from client.wire_client import WireClient
+    from common.models.builder import expected_manifest
+    from tests.fakes import global_arrays
+
+    def world(state: str):
+        sites = {
+            "market1501": {"reader": "market1501", "data_root": str(tiny_site), "state_dir": str(tmp_path / state)}
+        }
+        cfg = tiny_config(sites=["market1501"], strategy={"min_available_sites": 1}, engine={"sites": sites})
+        return cfg, run_json(cfg)
+
+    node = {"partition-id": 0, "num-partitions": 1}
+    cfg, plain_exp = world("plain")
+    _, turns_exp = world("turns")
+    man = expected_manifest(cfg)
+    a, b = VirtualSites(build_site), VirtualSites(build_site)
+    for rnd, worker in [(1, a), (2, b), (3, a)]:
+        ins = FitIns(
+            ndarrays_to_parameters([np.concatenate([x.reshape(-1).view(np.uint8) for x in global_arrays(cfg, rnd)])]),
+            {"server_round": rnd, "manifest_hash": man.hash},
+        )
+        fresh = build_site(ExperimentConfig.from_json(plain_exp), virtual_node_config(cfg, node))
+        want = WireClient(fresh).fit(ins)
+        got = WireClient(worker.site(turns_exp, node)).fit(ins)
+        assert got.parameters.tensors == want.parameters.tensors, f"round {rnd}"
+        assert got.num_examples == want.num_examples
+    plain = FEDREID_STATE.load(tmp_path / "plain", site="market1501", manifest_hash=man.hash, num_classes=4)
+    turns = FEDREID_STATE.load(tmp_path / "turns", site="market1501", manifest_hash=man.hash, num_classes=4)
+    assert turns.last_round == plain.last_round == 3 and turns.rounds_trained == 3
+    assert all(torch.equal(turns.model[k], v) for k, v in plain.model.items())
+    assert turns.history == plain.history
+
+
+def test_the_clientapp_serves_a_virtual_site_from_its_worker_cache(monkeypatch):
+    from flwr.common import Context, RecordDict
+
+    import client.app as app
+
+    calls = []
+    monkeypatch.setattr(app, "VIRTUAL_SITES", VirtualSites(Built, parse=counting_parse(calls)))
+    run = {"experiment-json": run_json(sim_config(2))}
+
+    def message(pid):
+        node = {"partition-id": pid, "num-partitions": 2}
+        return app.client_fn(Context(run_id=1, node_id=pid + 1, node_config=node, state=RecordDict(), run_config=run))
+
+    first, again, other = message(1), message(1), message(0)
+    assert first.numpy_client is again.numpy_client and first.numpy_client.node["site"] == "site02"
+    assert other.numpy_client.node["site"] == "site01" and len(calls) == 1
