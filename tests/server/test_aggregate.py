@@ -98,3 +98,38 @@ def test_independent_draws_per_site():
 def test_beta_outside_unit_interval_is_refused():
     with pytest.raises(ValueError, match=r"\[0, 1\]"):
         add_white_noise([np.zeros(2)], 1.5, np.random.default_rng(0))
+
+
+def _model_like_update(seed: int) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    shapes = [(64, 3, 3, 3), (64,), (128, 64, 3, 3), (128,), (7, 5)]
+    arrs = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+    return [*arrs[:2], np.array([3], np.int64), *arrs[2:], rng.standard_normal(9)]  # an integer, a float64 array
+
+
+def test_update_norm_is_bit_identical_to_the_float64_difference_formula():
+    from server.aggregate import update_norm
+
+    u, r = _model_like_update(1), _model_like_update(2)
+    total = 0.0  # the plain formula: the float64 difference of each floating array, dotted with itself
+    for a, b in zip(u, r):
+        if np.issubdtype(a.dtype, np.floating):
+            d = a.astype(np.float64) - b.astype(np.float64)
+            total += float(np.dot(d.ravel(), d.ravel()))
+    assert update_norm(u, r) == float(np.sqrt(total))  # exactly: the clip bound must not move
+    assert update_norm(u, u) == 0.0 and update_norm([], []) == 0.0
+
+
+def test_mean_is_bit_identical_to_the_weighted_float64_sum():
+    ups = [_model_like_update(s) for s in (3, 4, 5)]
+    weights = [300.0, 100.0, 50.0]
+    w = np.asarray(weights) / np.sum(weights)
+    out = average(ups, weights)
+    for i, first in enumerate(ups[0]):
+        if not np.issubdtype(first.dtype, np.floating):
+            assert np.array_equal(out[i], first)
+            continue
+        acc = np.zeros(first.shape, np.float64)
+        for wk, u in zip(w, ups):
+            acc += wk * u[i]  # the plain expression, a new float64 array per term
+        assert out[i].dtype == first.dtype and np.array_equal(out[i], acc.astype(first.dtype)), i
