@@ -15,14 +15,14 @@ tensors, numpy scalars python numbers). A file holding anything else is refused 
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import pickle
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 import torch
@@ -33,12 +33,17 @@ class UnsafeCheckpointError(ValueError):
 
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
+    _atomic_write(path, lambda f: f.write(data))
+
+
+def _atomic_write(path: str | Path, write: Callable[[BinaryIO], object]) -> None:
+    """``write(f)`` into a temporary file beside ``path``, flushed to disk, renamed over ``path``."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")  # mode 0600
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(data)
+            write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -62,9 +67,10 @@ def to_plain(obj: Any) -> Any:
 
 
 def atomic_torch_save(obj: Any, path: str | Path) -> None:
-    buf = io.BytesIO()
-    torch.save(to_plain(obj), buf)
-    atomic_write_bytes(path, buf.getvalue())
+    # straight into the temporary file: the same bytes as through a BytesIO (torch writes a file
+    # object as a buffer), without two more copies of a model-sized buffer per save
+    plain = to_plain(obj)
+    _atomic_write(path, lambda f: torch.save(plain, f))
 
 
 def atomic_json_save(obj: Any, path: str | Path) -> None:
