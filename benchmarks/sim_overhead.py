@@ -1,20 +1,28 @@
 """Round overhead of Flower's simulation engine against the deployment runtime (prints JSON).
 
 The same tiny model and per-site work everywhere (ResNet-18 at 32x16, ``--steps`` local steps of 4
-images, no local expert, no evaluation), ``fedsim`` on this machine:
+images, default 20: a local round of such a model; no local expert, no evaluation), ``fedsim`` on
+this machine:
 
 - simulation at 4, 10 and 40 virtual sites (one CPU thread each, Ray on all cores), and the
   deployment runtime at 4 sites (a SuperNode per site, a ClientApp process per message);
 - per round: round wall time (between the coordinator's end-of-round reports), the sum and the
   maximum of the sites' own training time, and the overhead = wall - the training the cores had to
-  do, max(sum / cores, max); the overhead's share of the wall time;
-- the simulation at ``--mem-sites`` sites over ``--mem-rounds`` rounds: resident memory of the
-  coordinator (flwr-simulation: ServerApp + Ray driver), of the Ray workers (sum) and of Ray's
-  daemons at the end of every round.
+  do, max(sum / cores, max), with its share of the wall time. The same with each site's whole
+  round (``fit``: its state load, model build, training and state save, the same on every runtime)
+  in place of training: ``engine_overhead`` is what the runtime adds (message transport, Ray,
+  the ClientApp, the coordinator's aggregation, checkpoint and metrics). ``after_fit_s``: the part of
+  the round after the last reply (the coordinator's aggregation and report);
+- the run at ``--mem-sites`` sites over ``--mem-rounds`` rounds (sim40): resident memory of the
+  coordinator (flwr-simulation: ServerApp + Ray driver), of the Ray workers (sum, and their count)
+  and of Ray's daemons at the end of every round, each row printed when it is taken (a run stopped
+  early keeps its rows), with the growth per round after round 2.
 
-    python benchmarks/sim_overhead.py [--rounds 3] [--mem-sites 40] [--mem-rounds 10] [--only sim4,dep4]
+    python benchmarks/sim_overhead.py [--steps 20] [--rounds 3] [--mem-sites 40] [--mem-rounds 10]
+                                      [--only sim4,dep4,sim10,sim40] [--quick]
 
-The machine's load is part of the result (``load_avg`` before each run): on a shared machine the
+``--quick``: every run 2 rounds (round 1 starts Ray or the sites; round 2 is the steady round).
+The machine's load is part of the result (``load_avg_before`` each run): on a shared machine the
 figures are upper bounds.
 """
 
@@ -47,6 +55,7 @@ WORK = [
     "model.width=16",
     "train.batch_size=4",
     "train.local_expert=false",
+    "train.unit=step",  # --steps local steps, whatever the site's image count (the loader cycles)
     "eval.every=0",
     "train.threads=1",
     "wait_for_sites_s=300",
@@ -77,11 +86,12 @@ def run_processes(marker: str) -> dict[str, float]:
 
 
 class MemorySampler(threading.Thread):
-    """At the end of every round (a new row in metrics.json) record the run's resident memory."""
+    """At the end of every round (a new row in metrics.json) record the run's resident memory, and
+    print the row at once (stderr): a run that is stopped early still leaves its rows."""
 
-    def __init__(self, out: Path) -> None:
+    def __init__(self, out: Path, name: str) -> None:
         super().__init__(daemon=True)
-        self.out, self.rows, self.stop = out, [], threading.Event()
+        self.out, self.name, self.rows, self.stop = out, name, [], threading.Event()
 
     def run(self) -> None:
         seen = 0
@@ -92,8 +102,42 @@ class MemorySampler(threading.Thread):
                 n = 0
             if n > seen:
                 seen = n
-                self.rows.append({"round": n - 1, **run_processes(str(self.out))})
+                row = {"round": n - 1, "t_s": round(time.time(), 1), **run_processes(str(self.out))}
+                self.rows.append(row)
+                print(f"{self.name} memory: {json.dumps(row)}", file=sys.stderr, flush=True)
             time.sleep(0.5)
+
+
+def growth_per_round(rows: list[dict], key: str) -> float | None:
+    """MB per round of ``key`` from round 2 (Ray and the sites have started) to the last round."""
+    later = [r for r in rows if r["round"] >= 2]
+    if len(later) < 2:
+        return None
+    return round((later[-1][key] - later[0][key]) / (later[-1]["round"] - later[0]["round"]), 2)
+
+
+def round_figures(prev: dict, r: dict, cores: int) -> dict:
+    """One round's wall time, the sites' training and whole-round times, and the overheads."""
+    sites = r["sites"].values()
+    train = [s["train_seconds"] for s in sites]
+    fit = [s["load_seconds"] + s["train_seconds"] + s["save_seconds"] for s in sites]
+    wall = r["elapsed_s"] - prev["elapsed_s"]
+    work = max(sum(train) / cores, max(train))
+    site_work = max(sum(fit) / cores, max(fit))
+    return {
+        "round": r["round"],
+        "round_wall_s": round(wall, 2),
+        "train_sum_s": round(sum(train), 2),
+        "train_max_s": round(max(train), 2),
+        "overhead_s": round(wall - work, 2),
+        "overhead_share": round((wall - work) / wall, 3),
+        "fit_sum_s": round(sum(fit), 2),
+        "fit_max_s": round(max(fit), 2),
+        "engine_overhead_s": round(wall - site_work, 2),
+        "engine_overhead_share": round((wall - site_work) / wall, 3),
+        "after_fit_s": round(wall - r.get("fit_seconds", 0.0), 2),
+        "coordinator_rss_mb": r.get("server_rss_mb"),
+    }
 
 
 def one_run(
@@ -113,13 +157,13 @@ def one_run(
         *names,
         *WORK,
         f"rounds={rounds}",
-        f"train.max_steps_per_epoch={steps}",
+        f"train.local_iters={steps}",
         "--timeout",
         str(timeout),
         *(SIM + [f"engine.ray_num_cpus={os.cpu_count()}"] if engine == "simulation" else []),
     ]
     load = os.getloadavg()
-    sampler = MemorySampler(out) if sample else None
+    sampler = MemorySampler(out, name) if sample else None
     if sampler:
         sampler.start()
     t0 = time.time()
@@ -134,53 +178,55 @@ def one_run(
         raise SystemExit(f"{name}: the federation failed (exit {proc.returncode})")
     rows = json.loads((out / "metrics.json").read_text())
     cores = min(os.cpu_count() or 1, sites)
-    per_round = []
-    for prev, r in itertools.pairwise(rows):
-        train = [s["train_seconds"] for s in r["sites"].values()]
-        wall_r = r["elapsed_s"] - prev["elapsed_s"]
-        work = max(sum(train) / cores, max(train))
-        per_round.append(
-            {
-                "round": r["round"],
-                "round_wall_s": round(wall_r, 2),
-                "train_sum_s": round(sum(train), 2),
-                "train_max_s": round(max(train), 2),
-                "overhead_s": round(wall_r - work, 2),
-                "overhead_share": round((wall_r - work) / wall_r, 3),
-                "coordinator_rss_mb": r.get("server_rss_mb"),
-            }
-        )
+    per_round = [round_figures(prev, r, cores) for prev, r in itertools.pairwise(rows)]
     # round 1 of the simulation also starts Ray and its workers: reported, left out of the medians
     steady = per_round[1:] if len(per_round) > 1 else per_round
     res = {
         "engine": engine,
         "sites": sites,
         "rounds": rounds,
+        "steps": steps,
         "cores": os.cpu_count(),
         "load_avg_before": [round(x, 1) for x in load],
+        "load_avg_after": [round(x, 1) for x in os.getloadavg()],
         "total_wall_s": round(wall, 1),
-        "median_round_wall_s": statistics.median(p["round_wall_s"] for p in steady),
-        "median_train_sum_s": statistics.median(p["train_sum_s"] for p in steady),
-        "median_train_max_s": statistics.median(p["train_max_s"] for p in steady),
-        "median_overhead_s": statistics.median(p["overhead_s"] for p in steady),
-        "median_overhead_share": statistics.median(p["overhead_share"] for p in steady),
+        **{
+            f"median_{k}": statistics.median(p[k] for p in steady)
+            for k in (
+                "round_wall_s",
+                "train_sum_s",
+                "train_max_s",
+                "overhead_s",
+                "overhead_share",
+                "fit_sum_s",
+                "engine_overhead_s",
+                "engine_overhead_share",
+                "after_fit_s",
+            )
+        },
         "per_round": per_round,
     }
     if sampler:
         res["memory_per_round"] = sampler.rows
+        res["memory_growth_mb_per_round"] = {
+            k: growth_per_round(sampler.rows, k) for k in ("coordinator", "ray_workers", "ray_daemons")
+        }
     return res
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=3, help="rounds of each timing run (round 1 = start-up)")
-    ap.add_argument("--steps", type=int, default=4, help="local steps per site and round")
+    ap.add_argument("--steps", type=int, default=20, help="local steps (batches of 4 images) per site and round")
     ap.add_argument("--mem-sites", type=int, default=40)
     ap.add_argument("--mem-rounds", type=int, default=10)
     ap.add_argument("--only", default="sim4,dep4,sim10,sim40", help="comma list of sim4, dep4, sim10, sim40")
     ap.add_argument("--timeout", type=float, default=3000)
     ap.add_argument("--keep", help="keep the run folders here (default: a temporary folder, removed)")
+    ap.add_argument("--quick", action="store_true", help="every run 2 rounds (--rounds 2 --mem-rounds 2)")
     a = ap.parse_args()
+    if a.quick:
+        a.rounds = a.mem_rounds = 2
     root = Path(a.keep) if a.keep else Path(tempfile.mkdtemp(prefix="sim_overhead_"))
     plan = {
         "sim4": (4, "simulation", a.rounds, False),
@@ -198,9 +244,10 @@ def main() -> None:
         if not a.keep:
             shutil.rmtree(root, ignore_errors=True)
     if "sim4" in results and "dep4" in results:
-        results["sim4_overhead_over_dep4"] = round(
-            results["sim4"]["median_overhead_s"] / results["dep4"]["median_overhead_s"], 3
-        )
+        for k in ("overhead_s", "engine_overhead_s"):
+            results[f"sim4_{k.removesuffix('_s')}_over_dep4"] = round(
+                results["sim4"][f"median_{k}"] / results["dep4"][f"median_{k}"], 3
+            )
     print(json.dumps(results, indent=2))
 
 
