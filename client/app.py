@@ -16,7 +16,6 @@ from __future__ import annotations
 from flwr.client import ClientApp
 from flwr.common import Context
 
-from client.virtual_site import VirtualSites, is_virtual
 from client.wire_client import WireClient
 from common.config.run import RUN_CONFIG_KEY, site_config
 from common.logs import setup_logging
@@ -28,8 +27,23 @@ def _build_site(cfg, node_config):
     return build_site(cfg, node_config)
 
 
+class _VirtualSitesOnFirstUse:
+    """The VirtualSites of this process, made at its first virtual message: a site process's
+    forwarder (a ClientApp per message) never imports the config machinery (omegaconf) for it."""
+
+    def __init__(self) -> None:
+        self._sites = None
+
+    def site(self, experiment: str, node_config: dict):
+        if self._sites is None:
+            from client.virtual_site import VirtualSites
+
+            self._sites = VirtualSites(_build_site)
+        return self._sites.site(experiment, node_config)
+
+
 # the virtual sites this process (a Ray worker of the simulation engine) has served in the current run
-VIRTUAL_SITES = VirtualSites(_build_site)
+VIRTUAL_SITES = _VirtualSitesOnFirstUse()
 
 
 def client_fn(context: Context):
@@ -40,6 +54,8 @@ def client_fn(context: Context):
         from client.forward import ForwardingClient  # numpy only: no torch in this process
 
         return WireClient(ForwardingClient(str(node["site-socket"]), experiment, site=str(node.get("site", ""))))
+    from client.virtual_site import is_virtual
+
     if is_virtual(node):  # simulation engine: partition id -> that virtual site's settings
         return WireClient(VIRTUAL_SITES.site(experiment, node))
     return WireClient(_build_site(site_config(context.run_config), node))

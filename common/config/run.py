@@ -15,9 +15,10 @@ import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from common.config.experiment import ExperimentConfig
+if TYPE_CHECKING:  # a site process's forwarder reads RUN_CONFIG_KEY only: no omegaconf import for it
+    from common.config.experiment import ExperimentConfig
 
 ENV = "FEDREID_SERVERAPP_CONFIG"
 FILE = "serverapp_config.json"
@@ -40,11 +41,15 @@ def site_run_config(cfg: ExperimentConfig) -> dict[str, str]:
 
 def site_config(run_config: Mapping[str, Any]) -> ExperimentConfig:
     """A ClientApp's experiment, from the run config it was given."""
+    from common.config.experiment import ExperimentConfig
+
     return ExperimentConfig.from_json(str(run_config.get(RUN_CONFIG_KEY, "{}")))
 
 
 def serverapp_config(run_config: Mapping[str, Any], environ: Mapping[str, str] = os.environ) -> ExperimentConfig:
     """The ServerApp's experiment: the file named by ``FEDREID_SERVERAPP_CONFIG``, checked against the run."""
+    from common.config.experiment import ExperimentConfig
+
     path = environ.get(ENV, "")
     if not path:
         raise RuntimeError(

@@ -105,7 +105,8 @@ client = client_fn(ctx)
 props = client.get_properties(GetPropertiesIns({})).properties
 res = client.fit(FitIns(ndarrays_to_parameters([np.arange(5, dtype=np.uint8)]), {"server_round": 4}))
 print(json.dumps({"out": parameters_to_ndarrays(res.parameters)[0].tolist(), "n": res.num_examples, "props": props,
-                  "metrics": res.metrics, "torch": sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "torchvision"))}))
+                  "metrics": res.metrics, "torch": sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "torchvision")),
+                  "config": sorted(m for m in sys.modules if m.split(".")[0] in ("omegaconf", "hydra"))}))
 """
 
 
@@ -121,6 +122,7 @@ def test_forwarder_passes_the_message_and_imports_no_torch(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["torch"] == []  # neither torch nor torchvision was imported
+    assert out["config"] == []  # nor the config machinery: the forwarder reads one run-config key
     assert out["out"] == [0, 2, 4, 6, 8] and out["n"] == 7
     assert out["props"] == {"site": "s1", "num_identities": 4}  # the site roster's question, answered by the site
     assert out["metrics"]["op"] == "fit" and out["metrics"]["round"] == 4 and out["metrics"]["site"] == "s1"
