@@ -1,0 +1,99 @@
+"""The FedFR demo gives the same numbers every time (issue 11 item 6, as the FedReID demo does in
+test_demo_determinism.py): the faces are reused only when the current generator wrote them with the
+same parameters, sites start without an earlier run's state (DFC layer, W_l, previous model), and
+pre-training, the rounds and the evaluation do not depend on the machine's thread count."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.procutil import processes_mentioning, run_to_end
+
+REPO = Path(__file__).resolve().parents[2]
+# what legitimately differs between two runs: clocks, memory, process ids
+_VARIES = re.compile(r"(time|seconds|wall|_s$|rss|memory|pid)", re.IGNORECASE)
+
+
+def _demo(out: Path, threads: str, tmp_path: Path) -> tuple[list, dict]:
+    cmd = [
+        sys.executable,
+        "-m",
+        "server.fedfr.demo",
+        "--out",
+        str(out),
+        "--sites",
+        "face1",
+        "face2",
+        "--public-ids",
+        "6",
+        "--public-images",
+        "4",
+        "--ids-per-site",
+        "3",
+        "--train",
+        "4",
+        "--test",
+        "2",
+        "--ijbc-subjects",
+        "4",
+        "--size",
+        "16",
+        "--timeout",
+        "420",
+        "rounds=1",
+        "fedfr.embedding_dim=16",
+        "fedfr.pretrain_epochs=1",
+        "fedfr.pretrain_batch_size=8",
+        "fedfr.local_epochs=1",
+        "fedfr.batch_size=4",
+        "eval.batch_size=32",
+        "wait_for_sites_s=120",
+        "round_timeout_s=180",
+    ]
+    env = {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)  # inherited by fedserver, the ServerApp and the sites
+    try:
+        code, output = run_to_end(cmd, cwd=REPO, marker=str(tmp_path), timeout_s=540)
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    assert code == 0, output[-4000:]
+    return json.loads((out / "metrics.json").read_text()), json.loads((out / "fedfr_eval.json").read_text())
+
+
+def _numbers(value):
+    """Every number of a metrics / evaluation tree, without the keys that are clocks or memory."""
+    if isinstance(value, dict):
+        return {k: _numbers(v) for k, v in value.items() if not _VARIES.search(str(k))}
+    if isinstance(value, list):
+        return [_numbers(v) for v in value]
+    return value
+
+
+@pytest.mark.timeout(1200)
+def test_the_fedfr_demo_run_twice_in_the_same_folder_gives_identical_numbers(tmp_path):
+    """Two runs (2 sites, 1 round, tiny), the second in the folder the first left (its faces, site
+    states, pre-trained model and outputs) and at another thread count: identical numbers."""
+    out = tmp_path / "fedfr-demo"
+    try:
+        rows1, eval1 = _demo(out, "1", tmp_path)
+        rows2, eval2 = _demo(out, "2", tmp_path)
+    finally:
+        time.sleep(1)
+        assert processes_mentioning(str(tmp_path)) == [], "processes left behind"
+    assert [r["round"] for r in rows1] == [0, 1] and rows1[1]["replied"] == 2
+    assert "FedFR Theta_g" in eval1["generic"] and "personalised [Theta_l, Pi_l]" in eval1["personalised"]
+    assert any("loss" in k for k in rows1[1]["sites"]["face1"])  # the sites' losses are compared too
+    assert _numbers(rows1) == _numbers(rows2)  # bit for bit: every round's metrics, every site's losses
+    assert _numbers(eval1) == _numbers(eval2)  # every generic and personalised figure
