@@ -81,13 +81,17 @@ def update_norm(update: list[np.ndarray], reference: list[np.ndarray]) -> float:
     # the same float64 differences and dot products as ``u.astype(f64) - r.astype(f64)``, written
     # into one scratch array instead of three new arrays per tensor: fresh arrays of a model's size
     # cost page faults, 4x the arithmetic (170 ms a ResNet-18 update on a 2-core machine, 40 ms here)
+    # The squares are summed by numpy's own (pairwise, single-threaded) sum, not ``np.dot``: BLAS
+    # splits a dot product over its threads, so its last bit, and with it the clip bound and the
+    # reported ``norm_limit``, depended on OMP_NUM_THREADS (seen in the FedFR demo at 1 vs 2 threads).
     floats = [(u, r) for u, r in zip(update, reference, strict=True) if np.issubdtype(u.dtype, np.floating)]
     scratch = np.empty(max((u.size for u, _ in floats), default=0), np.float64)
     total = 0.0
     for u, r in floats:
         d = scratch[: u.size]
         np.subtract(u.reshape(-1), r.reshape(-1), out=d, dtype=np.float64)
-        total += float(np.dot(d, d))
+        np.multiply(d, d, out=d)
+        total += float(np.add.reduce(d))
     return float(np.sqrt(total))
 
 

@@ -14,6 +14,7 @@ from flwr.server import ServerApp, ServerAppComponents, ServerConfig
 from flwr.server.strategy import FedAvg
 
 from common.config.experiment import ExperimentConfig
+from common.config.run import serverapp_config
 from common.models.builder import expected_manifest
 from common.params import packed_nbytes
 
@@ -76,7 +77,9 @@ class EchoStrategy(FedAvg):
 
 
 def server_fn(context: Context) -> ServerAppComponents:
-    cfg = ExperimentConfig.from_json(str(context.run_config["experiment-json"]))
+    # the whole experiment (run_dir included) as the project's ServerApp gets it: the run config
+    # carries only the site view, whose run_dir is the default (server/main.py polls the real one)
+    cfg = serverapp_config(context.run_config)
     nbytes = packed_nbytes(expected_manifest(cfg))  # the project's packed message, byte for byte
     return ServerAppComponents(
         strategy=EchoStrategy(cfg, nbytes),

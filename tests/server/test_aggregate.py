@@ -1,5 +1,8 @@
 """Strategy maths: Eq. (8) means, ceil(S*N) sampling, Eq. (14)-(15) noise, integer buffers."""
 
+import math
+import os
+
 import numpy as np
 import pytest
 
@@ -111,13 +114,54 @@ def test_update_norm_is_bit_identical_to_the_float64_difference_formula():
     from server.aggregate import update_norm
 
     u, r = _model_like_update(1), _model_like_update(2)
-    total = 0.0  # the plain formula: the float64 difference of each floating array, dotted with itself
+    total = 0.0  # the plain formula: the float64 difference of each floating array, its squares summed
     for a, b in zip(u, r):
         if np.issubdtype(a.dtype, np.floating):
             d = a.astype(np.float64) - b.astype(np.float64)
-            total += float(np.dot(d.ravel(), d.ravel()))
+            total += float(np.sum(d.ravel() ** 2))
     assert update_norm(u, r) == float(np.sqrt(total))  # exactly: the clip bound must not move
+    assert update_norm(u, r) == pytest.approx(math.sqrt(math.fsum(float(x) ** 2 for x in _diffs(u, r))), rel=1e-12)
     assert update_norm(u, u) == 0.0 and update_norm([], []) == 0.0
+
+
+def _diffs(u, r):
+    for a, b in zip(u, r):
+        if np.issubdtype(a.dtype, np.floating):
+            yield from (a.astype(np.float64) - b.astype(np.float64)).ravel()
+
+
+_NORM_IN_A_FRESH_PROCESS = """
+import numpy as np
+from server.aggregate import update_norm
+rng = np.random.default_rng(0)
+u = [rng.standard_normal(2_000_000).astype(np.float32), rng.standard_normal((300, 301)).astype(np.float32)]
+r = [rng.standard_normal(2_000_000).astype(np.float32), rng.standard_normal((300, 301)).astype(np.float32)]
+print(repr(update_norm(u, r)))
+"""
+
+
+def test_update_norm_does_not_depend_on_the_thread_count():
+    # BLAS splits np.dot over its threads (the last bit moved between 1 and 2 threads): the norm,
+    # the clip bound and the reported norm_limit must be the same on every machine
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    out = []
+    for threads in ("1", "2", "4"):
+        env = {**os.environ, "OMP_NUM_THREADS": threads, "OPENBLAS_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
+        run = subprocess.run(
+            [sys.executable, "-c", _NORM_IN_A_FRESH_PROCESS],
+            cwd=repo,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert run.returncode == 0, run.stderr[-2000:]
+        out.append(run.stdout.strip())
+    assert out[0] == out[1] == out[2]
 
 
 def test_mean_is_bit_identical_to_the_weighted_float64_sum():
