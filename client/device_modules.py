@@ -26,6 +26,8 @@ from typing import Any, TypeVar
 import torch
 from torch import nn
 
+from common.models.from_state import module_from_state
+
 M = TypeVar("M", bound=nn.Module)
 
 
@@ -45,14 +47,19 @@ class DeviceModules:
         at, self._at = self._at, None
         return self.hold and state is not None and at is state
 
-    def module(self, name: str, build: Callable[[], M], *, fresh: bool) -> M:
+    def module(self, name: str, build: Callable[[], M], *, fresh: bool, state: dict | None = None) -> M:
         """The module ``name`` on the device: the held one, or (``fresh``, none held, not holding)
-        a new one from ``build()``, held from now on by a site process."""
+        a new one from ``build()``, held from now on by a site process.
+
+        ``state``: the tensors the module is to have. A held module loads them; a new one is built
+        straight into them, without drawing its own initialisation (``common/models/from_state.py``)."""
         m = self._modules.get(name) if self.hold else None
         if m is None or fresh:
-            m = build().to(self.device)
+            m = build().to(self.device) if state is None else module_from_state(build, state, self.device)
             if self.hold:
                 self._modules[name] = m
+        elif state is not None:
+            m.load_state_dict(state)
         return m
 
     def copy_of(self, name: str, source: nn.Module) -> nn.Module:

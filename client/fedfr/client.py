@@ -134,11 +134,10 @@ class FedFRClient(NumPyClient):
         on the device: new on a site's first round, else the held ones (a site process) or new ones,
         with the state's model loaded unless they are ``ready`` (already at ``st``)."""
         last = st.model if st is not None else None
-        model = self._kept.module("model", self._model, fresh=last is None)
+        # W_l, Pi, Omega, b (and last round's Theta_l) from the state, unless the held model is at it
+        model = self._kept.module("model", self._model, fresh=last is None, state=None if ready else last)
         prev_backbone = None
         if last is not None:
-            if not ready:
-                model.load_state_dict(last)  # W_l, Pi, Omega, b (and last round's Theta_l)
             prev_backbone = self._kept.copy_of("prev_backbone", model.backbone)  # Theta_l^{t-1}
         set_shared(model, self.manifest, parameters)  # Theta_g^t and Phi_g^t (Eq. 2, 4)
         global_backbone = self._kept.copy_of("global_backbone", model.backbone)

@@ -7,7 +7,8 @@ tensors (the embedding; nothing of the head ever leaves the site), packed into o
 ways (``common/params.py``).
 
 A per-message ClientApp builds the model, the expert and the training loader in every round, from
-the state on disk. A site process (``settings.hold_state``) keeps them: the model with its head,
+the state on disk (a model with a state to take is built straight into its tensors, without its
+random initialisation: ``common/models/from_state.py``). A site process (``settings.hold_state``) keeps them: the model with its head,
 the expert and the optimizer on the site's device (``client/device_modules.py``; each round copies
 the server's embedding into the model and the model into the expert, in place), and the loader
 with persistent workers (``client/round_loader.py``). Both train the same, bit for bit.
@@ -15,6 +16,7 @@ with persistent workers (``client/round_loader.py``). Both train the same, bit f
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import time
@@ -177,14 +179,13 @@ class FedReIDClient(NumPyClient):
         ones, with the state's model loaded into them unless they are ``ready`` (already at ``st``).
         """
         last = st.model if st is not None else None  # this site's model at the end of its previous round
-        model = self._kept.module("model", lambda: model_for(self.cfg, self.num_classes), fresh=last is None)
-        if last is not None and not ready:
-            model.load_state_dict(last)  # Eq. (7): own head (and own integer buffers)
+        build = functools.partial(model_for, self.cfg, self.num_classes)
+        # Eq. (7): own head (and own integer buffers) from the state, unless the held model is at it
+        model = self._kept.module("model", build, fresh=last is None, state=None if ready else last)
         expert = None
         if self.mode.expert and self.cfg.train.local_expert:  # never in plain fedavg / local (common/config/modes.py)
-            expert = self._kept.module("expert", lambda: model_for(self.cfg, self.num_classes), fresh=last is None)
-            if last is not None:  # Eq. (10): the model at the end of the previous round, copied in place
-                expert.load_state_dict(model.state_dict())
+            # Eq. (10): the model at the end of the previous round (copied in place into a held expert)
+            expert = self._kept.module("expert", build, fresh=last is None, state=last)
         self._set_start_point(model, parameters, st)
         if expert is not None and last is None:  # a site's first round: the model it starts from
             expert.load_state_dict(model.state_dict())
