@@ -8,10 +8,11 @@ ways (``common/params.py``).
 
 A per-message ClientApp builds the model, the expert and the training loader in every round, from
 the state on disk (a model with a state to take is built straight into its tensors, without its
-random initialisation: ``common/models/from_state.py``). A site process (``settings.hold_state``) keeps them: the model with its head,
-the expert and the optimizer on the site's device (``client/device_modules.py``; each round copies
-the server's embedding into the model and the model into the expert, in place), and the loader
-with persistent workers (``client/round_loader.py``). Both train the same, bit for bit.
+random initialisation: ``common/models/from_state.py``). A site process (``settings.hold_state``)
+keeps them: the model with its head, the expert and the optimizer on the site's device
+(``client/device_modules.py``; each round copies the server's embedding into the model and the
+model into the expert, in place), and the loader with persistent workers
+(``client/round_loader.py``). Both train the same, bit for bit.
 """
 
 from __future__ import annotations
