@@ -67,22 +67,31 @@ SIM = ["--engine", "simulation", "engine.num_cpus=1", "engine.object_store_fract
 def run_processes(marker: str) -> dict[str, float]:
     """Resident memory (MB) of the run's processes (those whose environment mentions ``marker``), by role."""
     roles = {"coordinator": 0.0, "ray_workers": 0.0, "ray_daemons": 0.0, "workers": 0}
+    cpu = {"coordinator_cpu_s": 0.0, "ray_workers_cpu_s": 0.0, "other_cpu_s": 0.0}
     for p in psutil.process_iter():
         try:
             if not any(marker in f"{k}={v}" for k, v in p.environ().items()):
                 continue
             cmd = " ".join(p.cmdline())
             mb = p.memory_info().rss / 2**20
+            t = p.cpu_times()
+            cpu_s = t.user + t.system
         except psutil.Error:  # gone, or another user's
             continue
         if "flwr-simulation" in cmd or "flwr-serverapp" in cmd:
             roles["coordinator"] += mb
+            cpu["coordinator_cpu_s"] += cpu_s
         elif cmd.startswith("ray::"):
             roles["ray_workers"] += mb
             roles["workers"] += 1
-        elif any(k in cmd for k in ("gcs_server", "raylet", "dashboard", "log_monitor", "runtime_env")):
-            roles["ray_daemons"] += mb
-    return {k: round(v, 1) for k, v in roles.items()}
+            cpu["ray_workers_cpu_s"] += cpu_s
+        else:
+            if any(k in cmd for k in ("gcs_server", "raylet", "dashboard", "log_monitor", "runtime_env")):
+                roles["ray_daemons"] += mb
+            cpu["other_cpu_s"] += cpu_s
+    # CPU seconds used so far by each role's live processes (their differences between rounds: where
+    # the cores' time went)
+    return {k: round(v, 1) for k, v in {**roles, **cpu}.items()}
 
 
 class MemorySampler(threading.Thread):
@@ -121,8 +130,13 @@ def round_figures(prev: dict, r: dict, cores: int) -> dict:
     sites = r["sites"].values()
     train = [s["train_seconds"] for s in sites]
     fit = [s["load_seconds"] + s["train_seconds"] + s["save_seconds"] for s in sites]
+    # CPU seconds of each site's training (its process's CPU time across training): the work the
+    # cores had to do, not stretched by whatever else ran on them at the time (the coordinator, another
+    # site); wall-clock training is, when more sites run than there are cores
+    train_cpu = [s.get("train_cpu_seconds", s["train_seconds"]) for s in sites]
     wall = r["elapsed_s"] - prev["elapsed_s"]
     work = max(sum(train) / cores, max(train))
+    cpu_work = max(sum(train_cpu) / cores, max(train_cpu))
     site_work = max(sum(fit) / cores, max(fit))
     return {
         "round": r["round"],
@@ -131,6 +145,9 @@ def round_figures(prev: dict, r: dict, cores: int) -> dict:
         "train_max_s": round(max(train), 2),
         "overhead_s": round(wall - work, 2),
         "overhead_share": round((wall - work) / wall, 3),
+        "train_cpu_sum_s": round(sum(train_cpu), 2),
+        "cpu_overhead_s": round(wall - cpu_work, 2),
+        "cpu_overhead_share": round((wall - cpu_work) / wall, 3),
         "fit_sum_s": round(sum(fit), 2),
         "fit_max_s": round(max(fit), 2),
         "engine_overhead_s": round(wall - site_work, 2),
@@ -141,7 +158,15 @@ def round_figures(prev: dict, r: dict, cores: int) -> dict:
 
 
 def one_run(
-    name: str, out: Path, sites: int, engine: str, rounds: int, steps: int, timeout: float, sample: bool = False
+    name: str,
+    out: Path,
+    sites: int,
+    engine: str,
+    rounds: int,
+    steps: int,
+    timeout: float,
+    sample: bool = False,
+    ray_cpus: int = 0,
 ) -> dict:
     names = (
         ["--sites", str(sites)]
@@ -160,7 +185,7 @@ def one_run(
         f"train.local_iters={steps}",
         "--timeout",
         str(timeout),
-        *(SIM + [f"engine.ray_num_cpus={os.cpu_count()}"] if engine == "simulation" else []),
+        *(SIM + [f"engine.ray_num_cpus={ray_cpus or os.cpu_count()}"] if engine == "simulation" else []),
     ]
     load = os.getloadavg()
     sampler = MemorySampler(out, name) if sample else None
@@ -198,6 +223,9 @@ def one_run(
                 "train_max_s",
                 "overhead_s",
                 "overhead_share",
+                "train_cpu_sum_s",
+                "cpu_overhead_s",
+                "cpu_overhead_share",
                 "fit_sum_s",
                 "engine_overhead_s",
                 "engine_overhead_share",
@@ -223,6 +251,7 @@ def main() -> None:
     ap.add_argument("--only", default="sim4,dep4,sim10,sim40", help="comma list of sim4, dep4, sim10, sim40")
     ap.add_argument("--timeout", type=float, default=3000)
     ap.add_argument("--keep", help="keep the run folders here (default: a temporary folder, removed)")
+    ap.add_argument("--ray-cpus", type=int, default=0, help="engine.ray_num_cpus of the simulation runs (0: the cores)")
     ap.add_argument("--quick", action="store_true", help="every run 2 rounds (--rounds 2 --mem-rounds 2)")
     a = ap.parse_args()
     if a.quick:
@@ -238,7 +267,9 @@ def main() -> None:
     try:
         for name in a.only.split(","):
             sites, engine, rounds, sample = plan[name]
-            results[name] = one_run(name, root / name, sites, engine, rounds, a.steps, a.timeout, sample)
+            results[name] = one_run(
+                name, root / name, sites, engine, rounds, a.steps, a.timeout, sample, ray_cpus=a.ray_cpus
+            )
             print(f"{name}: {json.dumps(results[name])}", file=sys.stderr, flush=True)  # partial results
     finally:
         if not a.keep:

@@ -53,7 +53,8 @@ def client_fn(context: Context):
     if node.get("site-socket"):
         from client.forward import ForwardingClient  # numpy only: no torch in this process
 
-        return WireClient(ForwardingClient(str(node["site-socket"]), experiment, site=str(node.get("site", ""))))
+        forwarder = ForwardingClient(str(node["site-socket"]), experiment, site=str(node.get("site", "")))
+        return WireClient(forwarder, copy_in=False)  # the arrays are only sent on: no copy of them
     from client.virtual_site import is_virtual
 
     if is_virtual(node):  # simulation engine: partition id -> that virtual site's settings

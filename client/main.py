@@ -8,15 +8,19 @@ they live under ``--data-root`` and ``--state-dir``. Only the shared embedding i
 Besides the SuperNode, ``fedclient`` starts the site process (``client/site_process.py``): it
 holds the site's data index, models and state in memory for as long as ``fedclient`` runs, and
 each round's ClientApp forwards the message to it over a socket in the state folder
-(``client/forward.py``). It is restarted from its state file if it dies (``--site-restarts``);
-``--no-site-process`` leaves the whole round to the per-message ClientApp. Stopping ``fedclient``
-(SIGTERM, Ctrl-C) stops both.
+(``client/forward.py``). It is restarted from its state file if it dies (``--site-restarts``).
+Each message's ClientApp process is started before its message arrives, by fedclient's launcher
+(``client/clientapp_launcher.py``; the SuperNode runs with ``--isolation process``).
+``--no-site-process`` leaves the whole round to the per-message ClientApp, started by Flower's own
+SuperExec once the message is there. Stopping ``fedclient`` (SIGTERM, Ctrl-C) stops all of them.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
+import secrets
 import signal
 import sys
 import time
@@ -106,7 +110,10 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def supernode_cmd(a: argparse.Namespace, settings: SiteConfig) -> list[str]:
+def supernode_cmd(a: argparse.Namespace, settings: SiteConfig, superexec_secret: Path | None = None) -> list[str]:
+    """The site's SuperNode. With ``superexec_secret`` (a site process) it starts no ClientApp
+    process itself (``--isolation process``): fedclient's launcher does, prestarted
+    (client/clientapp_launcher.py), holding that secret."""
     cmd = [
         processes.executable("flower-supernode"),
         "--superlink",
@@ -120,6 +127,8 @@ def supernode_cmd(a: argparse.Namespace, settings: SiteConfig) -> list[str]:
         "--max-wait-time",
         str(a.max_wait_time),
     ]
+    if superexec_secret is not None:
+        cmd += ["--isolation", "process", "--superexec-auth-secret-file", str(superexec_secret)]
     if a.insecure:
         cmd.append("--insecure")
     elif a.root_certificates:
@@ -178,7 +187,7 @@ def main(argv: list[str] | None = None) -> None:
     if a.insecure:
         print("fedclient: WARNING: --insecure: traffic to the coordinator is NOT encrypted", file=sys.stderr)
     started_at = time.time()
-    supervisor, sock = None, ""
+    supervisor, launcher, sock, secret = None, None, "", None
     if not a.no_site_process:  # the long-lived site process (client/site_process.py) and its channel
         sock = str(socket_path(state_dir))
         supervisor = SiteSupervisor(
@@ -188,12 +197,26 @@ def main(argv: list[str] | None = None) -> None:
             max_restarts=a.site_restarts,
         )
         supervisor.start()
-    proc = processes.start(supernode_cmd(a, dataclasses.replace(settings, site_socket=sock)), processes.tool_env(home))
+        # each message's ClientApp process (the forwarder) prestarted by fedclient's own launcher
+        secret = write_secret(Path(state_dir) / SUPEREXEC_SECRET)
+        launcher = SiteSupervisor(
+            a.site,
+            launcher_cmd(f"127.0.0.1:{a.port}", secret),
+            processes.tool_env(home),
+            max_restarts=a.site_restarts,
+            what="ClientApp launcher",
+            restart="restarting it",
+        )
+        launcher.start()
+    proc = processes.start(
+        supernode_cmd(a, dataclasses.replace(settings, site_socket=sock), secret), processes.tool_env(home)
+    )
+    keepers = [k for k in (supervisor, launcher) if k is not None]
 
     def stop_all(grace_s: float) -> None:
         processes.stop(proc, grace_s=grace_s)
-        if supervisor is not None:
-            supervisor.stop(grace_s=grace_s)
+        for keeper in keepers:
+            keeper.stop(grace_s=grace_s)
 
     def forward(signum, _frame):
         stop_all(10)
@@ -202,7 +225,7 @@ def main(argv: list[str] | None = None) -> None:
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)
     while (code := proc.poll()) is None:
-        if supervisor is not None and not supervisor.check():
+        if not all(keeper.check() for keeper in keepers):
             stop_all(10)
             sys.exit(1)
         time.sleep(0.5)
@@ -214,6 +237,30 @@ def main(argv: list[str] | None = None) -> None:
     )
     print(message, file=sys.stderr if status else sys.stdout, flush=True)
     sys.exit(status)
+
+
+SUPEREXEC_SECRET = "superexec.secret"  # in the site's state folder, 0600
+
+
+def write_secret(path: Path) -> Path:
+    """A new random SuperExec secret (the SuperNode's and the launcher's), readable by this user only."""
+    path.unlink(missing_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(secrets.token_bytes(32))
+    return path
+
+
+def launcher_cmd(runtime_api_address: str, secret: Path) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "client.clientapp_launcher",
+        "--runtime-api-address",
+        runtime_api_address,
+        "--secret-file",
+        str(secret),
+    ]
 
 
 def check_one_batch(site: str, num_train: int, batch_size: int) -> None:

@@ -30,10 +30,22 @@ def site_process_cmd(socket: str | Path, node_config: dict) -> list[str]:
 
 
 class SiteSupervisor:
-    def __init__(self, site: str, cmd: list[str], env: dict[str, str], *, max_restarts: int = 5, log=None) -> None:
+    def __init__(
+        self,
+        site: str,
+        cmd: list[str],
+        env: dict[str, str],
+        *,
+        max_restarts: int = 5,
+        log=None,
+        what: str = "site process",
+        restart: str = "restarting it from its state file",
+    ) -> None:
         if max_restarts < 0:
             raise ValueError(f"--site-restarts must be >= 0, found {max_restarts}")
         self.site = site
+        self.what = what  # how the log names the process (the site process, the ClientApp launcher)
+        self.restart_note = restart
         self.cmd = cmd
         self.env = env
         self.max_restarts = max_restarts
@@ -54,14 +66,14 @@ class SiteSupervisor:
         processes.stop(self.proc, grace_s=2)  # anything it left in its group
         if self.restarts >= self.max_restarts:
             self._log(
-                f"fedclient: site {self.site}: the site process ended ({how}) and was restarted "
+                f"fedclient: site {self.site}: the {self.what} ended ({how}) and was restarted "
                 f"{self.restarts} times already (--site-restarts {self.max_restarts}): giving up"
             )
             self.proc = None
             return False
         self.restarts += 1
         self._log(
-            f"fedclient: site {self.site}: the site process ended ({how}); restarting it from its state file "
+            f"fedclient: site {self.site}: the {self.what} ended ({how}); {self.restart_note} "
             f"(restart {self.restarts} of {self.max_restarts}); the site rejoins the next round"
         )
         time.sleep(min(5.0, 0.5 * self.restarts))  # a crash loop does not spin

@@ -46,9 +46,10 @@ def npy_bytes(a: np.ndarray) -> bytes:
     return b"".join([head.getvalue(), memoryview(a.reshape(-1).view(np.uint8))])
 
 
-def npy_array(blob: bytes) -> np.ndarray:
+def npy_array(blob: bytes, copy: bool = True) -> np.ndarray:
     """The array of ``.npy`` bytes as ``np.load(BytesIO(blob), allow_pickle=False)`` returns it
-    (Flower's ``bytes_to_ndarray``): its own writable memory, C order."""
+    (Flower's ``bytes_to_ndarray``): its own writable memory, C order. ``copy=False``: a read-only
+    view on ``blob`` (for arrays only passed on, as the site process's forwarder does)."""
     if bytes(blob[:8]) != b"\x93NUMPY\x01\x00" or len(blob) < 10:
         return bytes_to_ndarray(blob)  # other format versions: numpy's reader
     f = io.BytesIO(bytes(blob[: 10 + int.from_bytes(blob[8:10], "little")]))
@@ -61,7 +62,8 @@ def npy_array(blob: bytes) -> np.ndarray:
         raise ValueError(
             f".npy data: {len(blob) - f.tell():,} bytes, the header's {dtype}{list(shape)} needs {count * dtype.itemsize:,}"
         )
-    return np.frombuffer(blob, dtype=dtype, count=count, offset=f.tell()).reshape(shape).copy()
+    view = np.frombuffer(blob, dtype=dtype, count=count, offset=f.tell()).reshape(shape)
+    return view.copy() if copy else view
 
 
 def _overrides(client: NumPyClient, name: str) -> bool:
@@ -69,8 +71,12 @@ def _overrides(client: NumPyClient, name: str) -> bool:
 
 
 class WireClient(Client):
-    def __init__(self, numpy_client: NumPyClient) -> None:
+    """``copy_in=False``: the NumPyClient gets read-only views on the message's bytes (it must not
+    write to them; the forwarder only sends them on), not arrays of its own."""
+
+    def __init__(self, numpy_client: NumPyClient, copy_in: bool = True) -> None:
         self.numpy_client = numpy_client
+        self.copy_in = copy_in
 
     def get_properties(self, ins: GetPropertiesIns) -> GetPropertiesRes:
         if not _overrides(self.numpy_client, "get_properties"):
@@ -88,7 +94,7 @@ class WireClient(Client):
         if not _overrides(self.numpy_client, "fit"):
             status = Status(Code.FIT_NOT_IMPLEMENTED, "Client does not implement `fit`")
             return FitRes(status=status, parameters=Parameters(tensor_type="", tensors=[]), num_examples=0, metrics={})
-        out = self.numpy_client.fit([npy_array(t) for t in ins.parameters.tensors], ins.config)
+        out = self.numpy_client.fit([npy_array(t, self.copy_in) for t in ins.parameters.tensors], ins.config)
         if not (len(out) == 3 and isinstance(out[0], list) and isinstance(out[1], int) and isinstance(out[2], dict)):
             raise TypeError(
                 "NumPyClient.fit must return a tuple (list of arrays, int number of examples, dict metrics)"
@@ -100,7 +106,7 @@ class WireClient(Client):
         if not _overrides(self.numpy_client, "evaluate"):
             status = Status(Code.EVALUATE_NOT_IMPLEMENTED, "Client does not implement `evaluate`")
             return EvaluateRes(status=status, loss=0.0, num_examples=0, metrics={})
-        out = self.numpy_client.evaluate([npy_array(t) for t in ins.parameters.tensors], ins.config)
+        out = self.numpy_client.evaluate([npy_array(t, self.copy_in) for t in ins.parameters.tensors], ins.config)
         if not (len(out) == 3 and isinstance(out[0], float) and isinstance(out[1], int) and isinstance(out[2], dict)):
             raise TypeError(
                 "NumPyClient.evaluate must return a tuple (float loss, int number of examples, dict metrics)"

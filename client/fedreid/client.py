@@ -114,7 +114,7 @@ class FedReIDClient(NumPyClient):
         model, expert = self._round_models(st, parameters, ready=ready)
         opt, eopt = self._optimizers(model, expert, st, server_round, ready=ready)
         loader, round_loader = self._loader(server_round)
-        t_load = time.perf_counter()
+        t_load, cpu_load = time.perf_counter(), time.process_time()
         # the training draws start from the round's seed, whatever building the models drew before
         seed_everything(stable_seed(self.cfg.seed, self.s.site, server_round, "train"))
         stats = train_round(
@@ -131,7 +131,7 @@ class FedReIDClient(NumPyClient):
             label_offset=self._label_offset(config),
         )
         round_loader.finished()
-        t_train = time.perf_counter()
+        t_train, cpu_train = time.perf_counter(), time.process_time()
         for m in (model, expert):
             if m is not None:
                 m.zero_grad(set_to_none=True)  # a held module keeps no gradient between rounds
@@ -153,6 +153,9 @@ class FedReIDClient(NumPyClient):
             "startup_seconds": startup,
             "load_seconds": t_load - t0,
             "train_seconds": t_train - t_load,
+            # CPU seconds of this process's training (its threads; DataLoader workers not counted):
+            # the work the cores had to do, whatever else shared them (benchmarks/sim_overhead.py)
+            "train_cpu_seconds": cpu_train - cpu_load,
             "save_seconds": t_end - t_train,
             # the process's age at the reply (a per-message ClientApp: all of it; the forwarder
             # replaces it with its own in a site process, client/forward.py)

@@ -39,6 +39,10 @@ def test_bytes_and_arrays_are_flowers(a):
     got, want = npy_array(b), bytes_to_ndarray(b)
     assert got.dtype == want.dtype and got.shape == want.shape and np.array_equal(got, want)
     assert got.flags.writeable and got.flags.c_contiguous == want.flags.c_contiguous
+    view = npy_array(b, copy=False)  # the forwarder's: the same array, read-only, on b's own memory
+    assert view.dtype == want.dtype and view.shape == want.shape and np.array_equal(view, want)
+    if view.flags.c_contiguous and a.flags.c_contiguous and a.size:
+        assert not view.flags.writeable and np.shares_memory(view, np.frombuffer(b, np.uint8))
 
 
 def test_short_or_foreign_bytes_are_refused():
