@@ -94,6 +94,7 @@ def run_mode(mode: str, out: Path, rounds: int, backbone: str, sites: int) -> di
                 "clientapp_s_max": round(clientapp, 2),
                 "clientapp_startup_s_max": round(max(float(s.get("startup_seconds", 0.0)) for s in sites_m), 2),
                 "message_wait_s_max": round(max(float(s.get("message_wait_seconds", 0.0)) for s in sites_m), 2),
+                "message_decode_s_max": round(max(float(s.get("message_decode_seconds", 0.0)) for s in sites_m), 2),
                 "bytes_moved": r["bytes_sent"] + r["bytes_received"],
                 "replied": len(sites_m),
             }

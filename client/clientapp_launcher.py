@@ -6,7 +6,8 @@ for it. With a site process, ``fedclient`` runs the SuperNode with ``--isolation
 launcher in its place: the same loop (``AcquireTask`` on the Runtime API, Flower's own request), but
 polled every ``--poll-s`` (0.1 s) and handing each task to a ClientApp process started before the
 task arrived (``client/clientapp_worker.py``: Flower's ``run_clientapp``, imports done); the next one
-is started at once. Still one ClientApp process per message, exactly Flower's, minus its start-up.
+is started once no task runs (between rounds, off the round's cores). Still one ClientApp process per
+message, exactly Flower's, minus its start-up.
 
 The Runtime API listens on loopback only. ``--secret-file`` (written by ``fedclient``, 0600 in the
 site's state folder) is the SuperNode's SuperExec secret: only a holder of it may acquire the site's
@@ -67,18 +68,27 @@ class WarmPool:
             self.ready = self._start()
 
     def hand(self, token: str) -> subprocess.Popen:
-        """Give ``token`` to the ready process (a new one if it died) and start the next."""
+        """Give ``token`` to the ready process (a new one, started now, if there is none or it died).
+
+        The next one is not started here: a process importing Flower would take the cores from
+        the round that has just begun (the message's download, the site's training); it is started
+        once the round's processes have ended (``idle_prestart``)."""
         self.prestart()
         proc, self.ready = self.ready, None
         assert proc is not None and proc.stdin is not None
         proc.stdin.write((json.dumps({"token": token}) + "\n").encode())
         proc.stdin.close()
         self.running.append(proc)
-        self.prestart()
         return proc
 
     def reap(self) -> None:
         self.running = [p for p in self.running if p.poll() is None]
+
+    def idle_prestart(self) -> None:
+        """Start the next process when no task runs (between rounds)."""
+        self.reap()
+        if not self.running:
+            self.prestart()
 
     def stop(self, grace_s: float = 5.0) -> None:
         """SIGTERM every process (a waiting one also reads EOF), SIGKILL what is left after ``grace_s``."""
@@ -126,14 +136,12 @@ def serve(address: str, secret: bytes | None, poll_s: float, pool: WarmPool) -> 
 
     client = runtime_client(address, secret)
     try:
-        pool.prestart()
         while True:
-            pool.reap()
+            pool.idle_prestart()
             res = client.AcquireTask(AcquireTaskRequest(supported_task_types=[CLIENTAPP_TASK]))
             if res.HasField("task") and res.token:
                 pool.hand(res.token)
-                continue  # another task may be waiting (a retried round)
-            pool.prestart()
+                continue  # another task may be waiting
             time.sleep(poll_s)
     finally:
         client.close()

@@ -20,7 +20,7 @@ import numpy as np
 from flwr.client import NumPyClient
 
 from client.channel import ChannelError, request
-from common.processes import TASK_STARTED_ENV, message_wait_s, process_age_s
+from common.processes import TASK_STARTED_ENV, message_decode_s, message_wait_s, process_age_s
 
 CONNECT_WAIT_S = 30.0  # a site process (re)starting: bounded wait for its socket
 
@@ -70,6 +70,7 @@ class ForwardingClient(NumPyClient):
                 "startup_seconds": startup,
                 "forward_seconds": forward,
                 "message_wait_seconds": wait,
+                "message_decode_seconds": message_decode_s(),  # part of this process's own time
                 "clientapp_seconds": startup - wait + max(0.0, forward - handled),
                 # 1: this ClientApp process was started before its message (client/clientapp_launcher.py)
                 "clientapp_prestarted": float(bool(os.environ.get(TASK_STARTED_ENV))),

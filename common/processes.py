@@ -121,6 +121,7 @@ def free_port() -> int:
 # and when the last object of its message reached it (the SuperNode was still downloading before)
 TASK_STARTED_ENV = "FEDREID_CLIENTAPP_TASK_STARTED"
 MESSAGE_AT_ENV = "FEDREID_CLIENTAPP_MESSAGE_AT"
+MESSAGE_DECODED_ENV = "FEDREID_CLIENTAPP_MESSAGE_DECODED"  # Flower's object checks and decoding done
 
 
 def process_age_s() -> float:
@@ -142,6 +143,15 @@ def message_wait_s() -> float:
     if not (started and at):
         return 0.0
     return max(0.0, float(at) - float(started))
+
+
+def message_decode_s() -> float:
+    """In a prestarted ClientApp process: seconds from the message's last object to the message
+    decoded (Flower's hash checks of every object, the arrays joined from their chunks); 0.0 elsewhere."""
+    at, decoded = os.environ.get(MESSAGE_AT_ENV), os.environ.get(MESSAGE_DECODED_ENV)
+    if not (at and decoded):
+        return 0.0
+    return max(0.0, float(decoded) - float(at))
 
 
 def rss_mb(pid: int | None = None) -> float:
