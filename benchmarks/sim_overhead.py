@@ -12,11 +12,16 @@ this machine:
   round (``fit``: its state load, model build, training and state save, the same on every runtime)
   in place of training: ``engine_overhead`` is what the runtime adds (message transport, Ray,
   the ClientApp, the coordinator's aggregation, checkpoint and metrics). ``after_fit_s``: the part of
-  the round after the last reply (the coordinator's aggregation and report);
+  the round after the last reply (the coordinator's aggregation and report). ``cpu_overhead``: the
+  same with each site's training measured in CPU seconds (``train_cpu_seconds``, its process's CPU
+  time across training) in place of wall-clock training, which other processes stretch when more
+  sites run than there are cores (and which then hides overhead);
 - the run at ``--mem-sites`` sites over ``--mem-rounds`` rounds (sim40): resident memory of the
   coordinator (flwr-simulation: ServerApp + Ray driver), of the Ray workers (sum, and their count)
   and of Ray's daemons at the end of every round, each row printed when it is taken (a run stopped
-  early keeps its rows), with the growth per round after round 2.
+  early keeps its rows), with the growth per round after round 2; the same rows carry the CPU
+  seconds each role has used so far (coordinator, Ray workers, the rest of the run's processes),
+  whose differences between rounds say where the cores' time went.
 
     python benchmarks/sim_overhead.py [--steps 20] [--rounds 3] [--mem-sites 40] [--mem-rounds 10]
                                       [--only sim4,dep4,sim10,sim40] [--quick]
@@ -115,6 +120,25 @@ class MemorySampler(threading.Thread):
                 self.rows.append(row)
                 print(f"{self.name} memory: {json.dumps(row)}", file=sys.stderr, flush=True)
             time.sleep(0.5)
+
+
+def cpu_per_round(rows: list[dict], cores: int) -> list[dict]:
+    """Where the cores' time went in each round (between two samples): CPU seconds of the coordinator,
+    of the Ray workers and of the run's other processes (SuperLink, Ray's daemons, fedserver, flwr
+    run), and what was left idle (cores x wall - all of them)."""
+    out = []
+    for a, b in itertools.pairwise(rows):
+        wall = b["t_s"] - a["t_s"]
+        used = {k: round(b[k] - a[k], 1) for k in ("coordinator_cpu_s", "ray_workers_cpu_s", "other_cpu_s")}
+        out.append(
+            {
+                "round": b["round"],
+                "wall_s": round(wall, 1),
+                **used,
+                "idle_core_s": round(cores * wall - sum(used.values()), 1),
+            }
+        )
+    return out
 
 
 def growth_per_round(rows: list[dict], key: str) -> float | None:
@@ -236,6 +260,7 @@ def one_run(
     }
     if sampler:
         res["memory_per_round"] = sampler.rows
+        res["cpu_per_round"] = cpu_per_round(sampler.rows, os.cpu_count() or 1)
         res["memory_growth_mb_per_round"] = {
             k: growth_per_round(sampler.rows, k) for k in ("coordinator", "ray_workers", "ray_daemons")
         }
