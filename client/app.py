@@ -8,7 +8,8 @@ process, from its state on disk: the same site code (``client/tasks.py``) either
 site of the simulation engine has only a partition id: ``client/virtual_site.py`` turns it into
 that site's node config first; a Ray worker keeps the parsed experiment and each virtual site's
 ``NumPyClient`` for the run (:data:`VIRTUAL_SITES`), never a round's state. Every site's arrays
-cross the message through ``client/wire_client.py`` (Flower's ``.npy`` bytes, one copy each way).
+cross the message through ``client/wire_client.py`` (Flower's ``.npy`` bytes, one copy each way);
+on the simulation engine the large ones travel as shared-memory files (``client/array_exchange_mod.py``).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 from flwr.client import ClientApp
 from flwr.common import Context
 
+from client.array_exchange_mod import array_exchange_mod
 from client.wire_client import WireClient
 from common.config.run import RUN_CONFIG_KEY, site_config
 from common.logs import setup_logging
@@ -62,4 +64,5 @@ def client_fn(context: Context):
     return WireClient(_build_site(site_config(context.run_config), node))
 
 
-app = ClientApp(client_fn=client_fn)
+# the simulation engine's shared-memory arrays (client/array_exchange_mod.py); a no-op on a deployment
+app = ClientApp(client_fn=client_fn, mods=[array_exchange_mod])

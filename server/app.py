@@ -1,15 +1,29 @@
 """The Flower ServerApp: the experiment from the run config, then the task's strategy and reporting
-(``server/tasks.py``: FedReID or FedFR)."""
+(``server/tasks.py``: FedReID or FedFR).
+
+On the simulation engine with ``engine.array_exchange`` files (a private Ray instance's default) the
+Grid Flower hands the ServerApp is wrapped so that the messages' large arrays travel as
+shared-memory files (``server/array_exchange_grid.py``); the strategy above it is the same.
+"""
 
 from __future__ import annotations
 
+import logging
+import os
+import uuid
+
 import torch
 from flwr.common import Context
-from flwr.server import ServerApp, ServerAppComponents
+from flwr.server import Grid, ServerApp, ServerAppComponents
 
+from common.array_exchange import exchange_folder
 from common.config.run import serverapp_config
 from common.logs import setup_logging
+from common.processes import RUN_TAG_ENV
+from server.array_exchange_grid import ArrayExchangeGrid
 from server.tasks import server_task
+
+log = logging.getLogger("fedserver")
 
 
 def server_fn(context: Context) -> ServerAppComponents:
@@ -20,4 +34,20 @@ def server_fn(context: Context) -> ServerAppComponents:
     return server_task(cfg.task).components(cfg)
 
 
-app = ServerApp(server_fn=server_fn)
+class FedServerApp(ServerApp):
+    """Flower's ServerApp, with the Grid of a simulation run wrapped for the array exchange."""
+
+    def __call__(self, grid: Grid, context: Context) -> None:
+        if not serverapp_config(context.run_config).engine.exchanges_files():
+            super().__call__(grid, context)
+            return
+        # the run's tag (server/simulation.py) names the folder, which the launcher removes too when
+        # this process is killed; a run started without fedserver gets one of its own
+        folder = exchange_folder(os.environ.get(RUN_TAG_ENV) or uuid.uuid4().hex[:12])
+        setup_logging("fedserver")
+        log.info("array exchange: the messages' large arrays travel as files in %s", folder)
+        with ArrayExchangeGrid.open(grid, folder) as exchange:
+            super().__call__(exchange, context)
+
+
+app = FedServerApp(server_fn=server_fn)

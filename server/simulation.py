@@ -23,6 +23,7 @@ import uuid
 from pathlib import Path
 
 from common import processes
+from common.array_exchange import exchange_folder
 from common.config.engine import VirtualSiteConfig
 from common.config.experiment import ExperimentConfig
 from common.config.site import default_state_dir, load_site
@@ -94,6 +95,8 @@ class SimulationEngine:
     def cleanup(self) -> list[int]:
         """Kill whatever the run left (Ray daemons and workers live in sessions of their own)."""
         left = processes.kill_tagged(self.tag)
+        # the array exchange's files (server/app.py), when the ServerApp could not remove them itself
+        shutil.rmtree(exchange_folder(self.tag), ignore_errors=True)
         if self.ray_tmp is not None:
             shutil.rmtree(self.ray_tmp, ignore_errors=True)
         return left

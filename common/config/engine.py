@@ -14,6 +14,7 @@ from typing import Any
 from common.config.structured import build
 
 ENGINES = ("deployment", "simulation")
+ARRAY_EXCHANGES = ("auto", "files", "ray")
 
 
 @dataclass
@@ -42,6 +43,12 @@ class EngineConfig:
     # available memory its object store takes (0 = Ray's default, 0.3; parameters pass through it).
     ray_num_cpus: int = 0
     object_store_fraction: float = 0.0
+    # How the messages' large arrays travel between the coordinator and the Ray workers: "files"
+    # (written once into shared memory, /dev/shm, and read by reference: common/array_exchange.py;
+    # every worker on this machine), "ray" (inside the messages, through Ray's object store: what a
+    # Ray cluster of several machines needs), "auto" = files on a private Ray instance, ray with
+    # engine.ray_address.
+    array_exchange: str = "auto"
     # name -> where that virtual site's data and private state live; sites not listed take
     # conf/site/<name>.yaml (filled in when the run is submitted). A VirtualSiteConfig each: typed
     # in __post_init__, as OmegaConf cannot add a dataclass entry to a mapping from the command line
@@ -73,6 +80,15 @@ class EngineConfig:
                 "0 when joining a Ray cluster (engine.ray_address; size the cluster with `ray start`)",
                 (self.ray_num_cpus, self.object_store_fraction),
             )
+        if self.array_exchange not in ARRAY_EXCHANGES:
+            raise bad("array_exchange", f"one of {', '.join(ARRAY_EXCHANGES)}", self.array_exchange)
+        if self.array_exchange == "files" and self.ray_address:
+            raise bad(
+                "array_exchange",
+                "ray or auto with engine.ray_address (the files are in this machine's memory; a Ray "
+                "cluster's workers on other machines cannot read them)",
+                self.array_exchange,
+            )
         extra = sorted(set(self.sites) - set(site_names))
         if extra:
             raise bad("sites", f"settings only for sites of the run {site_names}", extra)
@@ -85,3 +101,9 @@ class EngineConfig:
                     vs.state_dir,
                 )
             seen[vs.state_dir] = site
+
+    def exchanges_files(self) -> bool:
+        """True when a simulation's arrays travel as shared-memory files (``array_exchange``)."""
+        if self.name != "simulation":
+            return False
+        return self.array_exchange == "files" or (self.array_exchange == "auto" and not self.ray_address)

@@ -99,6 +99,20 @@ def test_engine_config_refuses_shared_state_and_bad_values():
         tiny_config(engine={"sites": {"market1501": {"root": "/x"}}})
     with pytest.raises(ValueError, match="0 when joining a Ray cluster"):
         tiny_config(engine={"ray_address": "auto", "object_store_fraction": 0.05})
+    with pytest.raises(ValueError, match="engine.array_exchange: expected one of auto, files, ray, found 'shm'"):
+        tiny_config(engine={"array_exchange": "shm"})
+    with pytest.raises(ValueError, match="cluster's workers on other machines cannot read them"):
+        tiny_config(engine={"ray_address": "auto", "array_exchange": "files"})
+
+
+def test_array_exchange_choice():
+    def files(**engine) -> bool:
+        return tiny_config(engine=engine).engine.exchanges_files()
+
+    # auto: files on a private Ray instance, Ray's object store on a cluster; never on a deployment
+    assert files(name="simulation") and not files(name="simulation", ray_address="auto")
+    assert not files(name="simulation", array_exchange="ray") and not files(name="deployment", array_exchange="files")
+    assert files(name="simulation", array_exchange="files")
 
 
 def test_engine_group_composes():

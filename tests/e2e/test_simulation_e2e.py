@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -48,10 +49,13 @@ def run_fedsim(args: list[str], tmp_path: Path, timeout_s: float) -> str:
     return output
 
 
-def assert_nothing_left(tmp_path: Path) -> None:
+def assert_nothing_left(tmp_path: Path, output: str = "") -> None:
     time.sleep(1)
     # the SuperLink, flwr-simulation, Ray's GCS/raylet and workers all carry FLWR_HOME under tmp_path
     assert processes_mentioning(str(tmp_path)) == [], "Flower or Ray processes left behind"
+    # the arrays went through the run's shared-memory folder (server/app.py), which is gone
+    folders = re.findall(r"array exchange: .* files in (\S+)", output)
+    assert folders and all("fedreid-exchange-" in f and not Path(f).exists() for f in folders), folders
 
 
 def assert_run_outputs(out: Path, rounds: int) -> list[dict]:
@@ -88,13 +92,13 @@ def test_six_virtual_reid_sites_two_rounds(tmp_path):
         assert heads[-1].shape[0] == 4
     assert all(not torch.equal(heads[0], h) for h in heads[1:])  # six different private heads
     assert "simulation engine" in output and "[round 2/2]" in output
-    assert_nothing_left(tmp_path)
+    assert_nothing_left(tmp_path, output)
 
 
 @pytest.mark.timeout(900)
 def test_four_virtual_fedfr_sites(tmp_path):
     out = tmp_path / "run"
-    run_fedsim(
+    output = run_fedsim(
         [
             "experiment=fedfr-demo",
             "--out",
@@ -143,7 +147,7 @@ def test_four_virtual_fedfr_sites(tmp_path):
         assert (out / "state" / s / "fedfr_state.pt").is_file()
     report = json.loads((out / "fedfr_eval.json").read_text())  # the evaluation read the virtual sites' state
     assert set(report["personalised_per_site"]["personalised [Theta_l, Pi_l]"]) == set(sites)
-    assert_nothing_left(tmp_path)
+    assert_nothing_left(tmp_path, output)
 
 
 @pytest.mark.timeout(1200)
@@ -164,7 +168,7 @@ def test_deployment_and_simulation_give_the_same_global_model(tmp_path):
         "engine.num_cpus=1",
     ]
     run_fedsim(["--out", str(tmp_path / "dep"), *same], tmp_path, timeout_s=560)
-    run_fedsim(["--out", str(tmp_path / "sim"), *same, *SIM], tmp_path, timeout_s=560)
+    output = run_fedsim(["--out", str(tmp_path / "sim"), *same, *SIM], tmp_path, timeout_s=560)
     dep = torch.load(tmp_path / "dep" / "global_final.pt", weights_only=False)["state_dict_shared"]
     sim = torch.load(tmp_path / "sim" / "global_final.pt", weights_only=False)["state_dict_shared"]
     assert list(dep) == list(sim)
@@ -179,4 +183,4 @@ def test_deployment_and_simulation_give_the_same_global_model(tmp_path):
     st = torch.load(tmp_path / "sim" / "state" / "market1501" / "site_state.pt", weights_only=False)["model"]
     # the global model is not one site's model: it is their mean (two sites that trained differently)
     assert any(not torch.allclose(dep[k], st[k]) for k in moved)
-    assert_nothing_left(tmp_path)
+    assert_nothing_left(tmp_path, output)

@@ -1,0 +1,181 @@
+"""The simulation engine's array exchange: the coordinator's Grid wrapper and the ClientApp mod together.
+
+A fake Grid stands for Flower's InMemoryGrid and the Ray workers: it runs the ClientApp mod on each
+message and a plain ClientApp function behind it. What the ClientApp sees and what the Strategy gets
+back must be byte for byte what they would see without the exchange.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from flwr.common import Array, ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
+from flwr.server import Grid
+from flwr.supercore.task_identity import TaskIdentity
+
+from client.array_exchange_mod import array_exchange_mod
+from common.array_exchange import (
+    FOLDER_KEY,
+    MIN_BYTES,
+    REF_STYPE,
+    ArrayFiles,
+    exchange_folder,
+    from_refs,
+    to_refs,
+)
+from server.array_exchange_grid import ArrayExchangeGrid
+
+
+@pytest.fixture(autouse=True)
+def run_identity(monkeypatch):
+    """Flower's messages take their run id from the process's task identity (set by its runtime)."""
+    monkeypatch.setattr(TaskIdentity, "_run_id", 1)
+    monkeypatch.setattr(TaskIdentity, "_node_id", 1)
+    monkeypatch.setattr(TaskIdentity, "_task_id", 1)
+
+
+def big(seed: int, n: int = 40_000) -> bytes:
+    """A float32 array's bytes (160 kB: above the exchange's threshold)."""
+    return np.random.default_rng(seed).standard_normal(n).astype(np.float32).tobytes()
+
+
+def content(data: bytes, small: bytes = b"tiny") -> RecordDict:
+    return RecordDict(
+        {
+            "fitins.parameters": ArrayRecord(
+                {
+                    "0": Array(dtype="", shape=(), stype="numpy.ndarray", data=data),
+                    "1": Array(dtype="", shape=(), stype="numpy.ndarray", data=small),
+                }
+            ),
+            "fitins.config": ConfigRecord({"server_round": 1}),
+        }
+    )
+
+
+def client_app(seen: list):
+    """A ClientApp: records the arrays it got, replies with each large array reversed byte-wise."""
+
+    def app(message: Message, context: Context) -> Message:
+        rec = message.content["fitins.parameters"]
+        seen.append({k: (rec[k].stype, bytes(rec[k].data)) for k in rec})
+        assert FOLDER_KEY not in message.content  # the mod hides the exchange from the app
+        out = ArrayRecord({k: Array(dtype="float32", shape=(7,), stype="s", data=rec[k].data[::-1]) for k in rec})
+        return Message(RecordDict({"fitres.parameters": out}), reply_to=message)
+
+    return app
+
+
+class FakeGrid(Grid):
+    """Messages to the ClientApp (through the mod) and back, recording what crossed 'Ray'."""
+
+    def __init__(self, app) -> None:
+        self.app, self.crossed = app, []
+
+    def set_run(self, run) -> None: ...
+
+    @property
+    def run(self):
+        return None
+
+    def create_message(self, *a, **k): ...
+
+    def get_node_ids(self):
+        return [1, 2, 3]
+
+    def push_messages(self, messages):
+        raise NotImplementedError
+
+    def pull_messages(self, message_ids):
+        raise NotImplementedError
+
+    def send_and_receive(self, messages, *, timeout=None):
+        replies = []
+        for m in messages:
+            self.crossed.append(sum(len(a.data) for r in m.content.array_records.values() for a in r.values()))
+            reply = array_exchange_mod(
+                m, Context(run_id=1, node_id=1, node_config={}, state=RecordDict(), run_config={}), self.app
+            )
+            self.crossed.append(sum(len(a.data) for r in reply.content.array_records.values() for a in r.values()))
+            replies.append(reply)
+        return replies
+
+
+def message(data: bytes, node: int) -> Message:
+    return Message(content(data), dst_node_id=node, message_type=MessageType.TRAIN)
+
+
+def test_round_trip_is_byte_identical_and_the_global_model_is_written_once(tmp_path):
+    seen: list = []
+    inner = FakeGrid(client_app(seen))
+    folder = tmp_path / "fedreid-exchange-t1"
+    g = big(0)
+    with ArrayExchangeGrid.open(inner, folder) as grid:
+        replies = grid.send_and_receive([message(g, n) for n in (1, 2, 3)], timeout=5)
+        files = sorted(p.name for p in folder.iterdir())
+        # one file for the three messages' global model; the replies' files were read and deleted
+        assert len(files) == 1 and files[0].startswith("sent-")
+        assert (folder / files[0]).read_bytes() == g
+    assert not folder.exists()  # closing removes the folder
+    # the ClientApp saw exactly the arrays the Strategy sent (the small one never left the message)
+    assert seen == [{"0": ("numpy.ndarray", g), "1": ("numpy.ndarray", b"tiny")}] * 3
+    # the Strategy gets exactly what the ClientApp replied: bytes, dtype, shape, stype
+    for r in replies:
+        rec = r.content["fitres.parameters"]
+        assert bytes(rec["0"].data) == g[::-1] and (rec["0"].dtype, rec["0"].shape, rec["0"].stype) == (
+            "float32",
+            (7,),
+            "s",
+        )
+        assert bytes(rec["1"].data) == b"ynit"
+    # what crossed the transport: references (well under the threshold), never the 160 kB arrays
+    assert len(g) > MIN_BYTES and all(n < 1000 for n in inner.crossed)
+
+
+def test_only_the_two_newest_global_models_keep_a_file(tmp_path):
+    inner = FakeGrid(client_app([]))
+    folder = tmp_path / "fedreid-exchange-t2"
+    with ArrayExchangeGrid.open(inner, folder) as grid:
+        models = [big(k) for k in range(4)]  # four rounds, four global models
+        for m in models:
+            grid.send_and_receive([message(m, 1), message(m, 2)])
+        kept = sorted(p.read_bytes() for p in folder.iterdir())
+        assert kept == sorted(models[2:])
+
+
+def test_a_message_without_the_folder_passes_the_mod_untouched():
+    seen: list = []
+    m = message(big(1), 1)
+    reply = array_exchange_mod(
+        m, Context(run_id=1, node_id=1, node_config={}, state=RecordDict(), run_config={}), client_app(seen)
+    )
+    assert seen[0]["0"] == ("numpy.ndarray", big(1))
+    assert bytes(reply.content["fitres.parameters"]["0"].data) == big(1)[::-1]  # inline: no reference
+
+
+def test_references_are_checked(tmp_path):
+    folder = tmp_path / "fedreid-exchange-t3"
+    folder.mkdir()
+    files = ArrayFiles(folder)
+    rd = content(big(2))
+    assert to_refs(rd, lambda d: files.write(d, "x")) == 1
+    ref = json.loads(rd["fitins.parameters"]["0"].data)
+    assert rd["fitins.parameters"]["0"].stype == REF_STYPE + "numpy.ndarray" and ref["size"] == len(big(2))
+    # a file outside the folder, a wrong size, a malformed reference: clear errors
+    outside = tmp_path / "elsewhere.bin"
+    outside.write_bytes(big(2))
+    with pytest.raises(ValueError, match="expected a file of"):
+        files.read({**ref, "path": str(outside)})
+    with pytest.raises(ValueError, match="the reference says 5"):
+        files.read({**ref, "size": 5})
+    with pytest.raises(ValueError, match="cannot read"):
+        files.read({**ref, "path": str(folder / "gone.bin")})
+    bad = RecordDict({"p": ArrayRecord({"0": Array(dtype="", shape=(), stype=REF_STYPE, data=b"{oops")})})
+    with pytest.raises(ValueError, match="malformed reference"):
+        from_refs(bad, files.read)
+    with pytest.raises(ValueError, match="expected a folder named"):
+        ArrayFiles(tmp_path)
+    with pytest.raises(ValueError, match="run tag"):
+        exchange_folder("a/b")
