@@ -52,10 +52,10 @@ class SiteStateStore(Generic[S]):
         unknown = set(expected) - set(self.checks)
         if unknown:
             raise TypeError(f"{self.current}: no check for {sorted(unknown)}; checked fields: {sorted(self.checks)}")
-        path = pick_versioned(Path(state_dir).expanduser(), before_round, self.current, self.previous)
+        path, data = pick_versioned(Path(state_dir).expanduser(), before_round, self.current, self.previous)
         if path is None:
             return None
-        st = self.record(**torch_load(path))
+        st = self.record(**data)
         for name, what in self.checks.items():
             found, need = getattr(st, name), expected.get(name)
             if need is not None and found != need:
@@ -85,25 +85,50 @@ def save_versioned(state: dict[str, Any], state_dir: str | Path, current: str, p
     return cur
 
 
+# a state file's round by its identity (path, inode, mtime, size): the round a worker read in ``load``
+# answers ``save_versioned``'s "is the current file older?" without opening the file again (a
+# replaced file is a new inode, so a stale answer is never used)
+_ROUNDS: dict[tuple[str, int, int, int], int] = {}
+
+
+def _identity(path: Path) -> tuple[str, int, int, int]:
+    s = path.stat()
+    return (str(path), s.st_ino, s.st_mtime_ns, s.st_size)
+
+
+def _remember(path: Path, last_round: int) -> None:
+    if len(_ROUNDS) > 4096:  # a long-lived worker serving many sites: bounded
+        _ROUNDS.clear()
+    _ROUNDS[_identity(path)] = last_round
+
+
 def _last_round(path: Path) -> int:
+    hit = _ROUNDS.get(_identity(path))
+    if hit is not None:
+        return hit
     # memory-mapped: reads the small metadata, not the tensors
-    return int(torch_load(path, mmap=True)["last_round"])
+    last = int(torch_load(path, mmap=True)["last_round"])
+    _remember(path, last)
+    return last
 
 
-def pick_versioned(state_dir: Path, before_round: int | None, current: str, previous: str) -> Path | None:
-    """The newest of the current/previous state files whose round is before ``before_round``."""
+def pick_versioned(
+    state_dir: Path, before_round: int | None, current: str, previous: str
+) -> tuple[Path | None, dict[str, Any]]:
+    """The newest of the current/previous state files whose round is before ``before_round``, and its
+    contents (each file read once); ``(None, {})`` when there is none."""
     for path in (state_dir / current, state_dir / previous):
         if not path.is_file():
             continue
-        if before_round is None:
-            return path
-        last = _last_round(path)
-        if last < before_round:
-            return path
+        data = torch_load(path)
+        last = int(data["last_round"])
+        _remember(path, last)
+        if before_round is None or last < before_round:
+            return path, data
         log.info(
             "site state %s is of round %d; round %d is asked (the coordinator resumed): not used",
             path,
             last,
             before_round,
         )
-    return None
+    return None, {}

@@ -69,3 +69,27 @@ def test_a_state_of_another_site_model_or_data_is_refused(tmp_path):
     with pytest.raises(RuntimeError, match="FedFR site state .* public identities 'p' but this run needs 'q'"):
         FEDFR_STATE.load(tmp_path, public_hash="q")
     assert FEDFR_STATE.load(tmp_path).site == "face1"  # a value not given is not checked
+
+
+def test_a_round_is_read_once_and_a_replaced_file_is_never_taken_for_the_one_read(tmp_path, monkeypatch):
+    import client.state as state
+
+    def reid(last_round: int) -> FedReIDSiteState:
+        return FedReIDSiteState(site="market1501", manifest_hash="h", num_classes=4, last_round=last_round)
+
+    FEDREID_STATE.save(tmp_path, reid(1))
+    opened = []
+    real = state.torch_load
+    monkeypatch.setattr(state, "torch_load", lambda p, **k: opened.append(p.name) or real(p, **k))
+    assert FEDREID_STATE.load(tmp_path, before_round=2).last_round == 1
+    FEDREID_STATE.save(tmp_path, reid(2))  # "is the current file older?" answered by what load read
+    assert opened == ["site_state.pt"]
+    assert [torch_load(tmp_path / f)["last_round"] for f in ("site_state.prev.pt", "site_state.pt")] == [1, 2]
+    # another worker trains round 3 (a new file at the same path), then round 3 is asked again (a
+    # resumed coordinator): the current file is NOT older, so it is replaced and the previous one
+    # (round 2, the state round 3 starts from) stays
+    assert FEDREID_STATE.load(tmp_path, before_round=3).last_round == 2
+    real_save = state.save_versioned
+    real_save(vars(reid(3)), tmp_path, "site_state.pt", "site_state.prev.pt")
+    FEDREID_STATE.save(tmp_path, reid(3))
+    assert [torch_load(tmp_path / f)["last_round"] for f in ("site_state.prev.pt", "site_state.pt")] == [2, 3]

@@ -310,3 +310,24 @@ def test_the_clientapp_serves_a_virtual_site_from_its_worker_cache(monkeypatch):
     first, again, other = message(1), message(1), message(0)
     assert first.numpy_client is again.numpy_client and first.numpy_client.node["site"] == "site02"
     assert other.numpy_client.node["site"] == "site01" and len(calls) == 1
+
+
+def test_simulation_processes_reuse_freed_memory_unless_told_otherwise(tmp_path, monkeypatch):
+    import shutil
+
+    from server.simulation import SimulationEngine
+
+    def env_of(cfg) -> dict[str, str]:
+        engine = SimulationEngine()
+        try:
+            return engine.superlink_env(cfg, tmp_path / "home")
+        finally:
+            shutil.rmtree(engine.ray_tmp, ignore_errors=True)
+
+    for k in ("MALLOC_MMAP_MAX_", "MALLOC_TRIM_THRESHOLD_"):
+        monkeypatch.delenv(k, raising=False)
+    env = env_of(sim_config(2))
+    assert (env["MALLOC_MMAP_MAX_"], env["MALLOC_TRIM_THRESHOLD_"]) == ("0", str(2 * 1024**3))
+    assert "MALLOC_MMAP_MAX_" not in env_of(sim_config(2, reuse_memory=False))
+    monkeypatch.setenv("MALLOC_MMAP_MAX_", "65536")  # the user's own setting wins
+    assert env_of(sim_config(2))["MALLOC_MMAP_MAX_"] == "65536"
