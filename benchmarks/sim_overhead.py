@@ -24,7 +24,11 @@ this machine:
   whose differences between rounds say where the cores' time went.
 
     python benchmarks/sim_overhead.py [--steps 20] [--rounds 3] [--mem-sites 40] [--mem-rounds 10]
-                                      [--only sim4,dep4,sim10,sim40] [--quick]
+                                      [--only sim4,dep4,sim10,sim40] [--quick] [--override K=V ...]
+
+The simulation runs use the engine's defaults: the arrays as shared-memory files and glibc keeping
+freed memory (``engine.array_exchange``, ``engine.reuse_memory``); ``--override
+engine.array_exchange=ray --override engine.reuse_memory=false`` measures them without.
 
 ``--quick``: every run 2 rounds (round 1 starts Ray or the sites; round 2 is the steady round).
 The machine's load is part of the result (``load_avg_before`` each run): on a shared machine the
@@ -191,6 +195,7 @@ def one_run(
     timeout: float,
     sample: bool = False,
     ray_cpus: int = 0,
+    overrides: list[str] | None = None,
 ) -> dict:
     names = (
         ["--sites", str(sites)]
@@ -209,7 +214,11 @@ def one_run(
         f"train.local_iters={steps}",
         "--timeout",
         str(timeout),
-        *(SIM + [f"engine.ray_num_cpus={ray_cpus or os.cpu_count()}"] if engine == "simulation" else []),
+        *(
+            [*SIM, f"engine.ray_num_cpus={ray_cpus or os.cpu_count()}", *(overrides or [])]
+            if engine == "simulation"
+            else []
+        ),
     ]
     load = os.getloadavg()
     sampler = MemorySampler(out, name) if sample else None
@@ -232,6 +241,7 @@ def one_run(
     steady = per_round[1:] if len(per_round) > 1 else per_round
     res = {
         "engine": engine,
+        "overrides": overrides or [],
         "sites": sites,
         "rounds": rounds,
         "steps": steps,
@@ -278,6 +288,13 @@ def main() -> None:
     ap.add_argument("--keep", help="keep the run folders here (default: a temporary folder, removed)")
     ap.add_argument("--ray-cpus", type=int, default=0, help="engine.ray_num_cpus of the simulation runs (0: the cores)")
     ap.add_argument("--quick", action="store_true", help="every run 2 rounds (--rounds 2 --mem-rounds 2)")
+    ap.add_argument(
+        "--override",
+        action="append",
+        default=[],
+        help="a config override for the simulation runs (repeatable), e.g. engine.array_exchange=ray "
+        "engine.reuse_memory=false: the arrays through Ray's object store and glibc's defaults",
+    )
     a = ap.parse_args()
     if a.quick:
         a.rounds = a.mem_rounds = 2
@@ -293,7 +310,16 @@ def main() -> None:
         for name in a.only.split(","):
             sites, engine, rounds, sample = plan[name]
             results[name] = one_run(
-                name, root / name, sites, engine, rounds, a.steps, a.timeout, sample, ray_cpus=a.ray_cpus
+                name,
+                root / name,
+                sites,
+                engine,
+                rounds,
+                a.steps,
+                a.timeout,
+                sample,
+                ray_cpus=a.ray_cpus,
+                overrides=a.override,
             )
             print(f"{name}: {json.dumps(results[name])}", file=sys.stderr, flush=True)  # partial results
     finally:
