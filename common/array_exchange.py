@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
 import uuid
 from collections.abc import Callable
@@ -35,13 +36,26 @@ FOLDER_PREFIX = "fedreid-exchange-"
 MIN_BYTES = 1 << 16  # smaller arrays stay in the message (a file costs more than it saves)
 
 
-def exchange_folder(tag: str) -> Path:
-    """The run's exchange folder: in ``/dev/shm`` (memory) where there is one, else the temp folder."""
+SHM = Path("/dev/shm")
+MIN_SHM_FREE = 1 << 30  # /dev/shm with less free (a container's default is 64 MB): the temp folder
+
+
+def exchange_folders(tag: str) -> list[Path]:
+    """Where the run of ``tag`` may keep its files: in ``/dev/shm`` (memory), or the temp folder."""
     if not tag or "/" in tag:
         raise ValueError(f"array exchange: expected a run tag without '/', found {tag!r}")
-    shm = Path("/dev/shm")
-    base = shm if shm.is_dir() and os.access(shm, os.W_OK) else Path(tempfile.gettempdir())
-    return base / f"{FOLDER_PREFIX}{tag}"
+    return [base / f"{FOLDER_PREFIX}{tag}" for base in (SHM, Path(tempfile.gettempdir()))]
+
+
+def exchange_folder(tag: str) -> Path:
+    """The run's exchange folder: in ``/dev/shm`` where there is one, writable, with 1 GiB free (a
+    round's files are the global model twice and the few replies not yet read), else the temp folder."""
+    shm, tmp = exchange_folders(tag)
+    try:
+        roomy = os.access(SHM, os.W_OK) and shutil.disk_usage(SHM).free >= MIN_SHM_FREE
+    except OSError:
+        roomy = False
+    return shm if roomy else tmp
 
 
 class ArrayFiles:
@@ -55,8 +69,16 @@ class ArrayFiles:
     def write(self, data: bytes, prefix: str) -> Path:
         """``data`` as a new file of the folder (its path)."""
         path = self.folder / f"{prefix}-{uuid.uuid4().hex}.bin"
-        with open(path, "xb") as f:
-            f.write(data)
+        try:
+            with open(path, "xb") as f:
+                f.write(data)
+        except OSError as e:
+            path.unlink(missing_ok=True)
+            raise OSError(
+                e.errno,
+                f"array exchange: cannot write {len(data):,} bytes into {self.folder} ({e.strerror}); free "
+                "space there, or pass the arrays through Ray's object store (engine.array_exchange=ray)",
+            ) from None
         return path
 
     def read(self, ref: dict, unlink: bool = False) -> bytes:

@@ -24,7 +24,7 @@ import uuid
 from pathlib import Path
 
 from common import processes
-from common.array_exchange import exchange_folder
+from common.array_exchange import exchange_folders
 from common.config.engine import VirtualSiteConfig
 from common.config.experiment import ExperimentConfig
 from common.config.site import default_state_dir, load_site
@@ -104,7 +104,8 @@ class SimulationEngine:
         """Kill whatever the run left (Ray daemons and workers live in sessions of their own)."""
         left = processes.kill_tagged(self.tag)
         # the array exchange's files (server/app.py), when the ServerApp could not remove them itself
-        shutil.rmtree(exchange_folder(self.tag), ignore_errors=True)
+        for folder in exchange_folders(self.tag):
+            shutil.rmtree(folder, ignore_errors=True)
         if self.ray_tmp is not None:
             shutil.rmtree(self.ray_tmp, ignore_errors=True)
         return left

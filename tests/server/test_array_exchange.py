@@ -8,6 +8,7 @@ back must be byte for byte what they would see without the exchange.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -179,3 +180,38 @@ def test_references_are_checked(tmp_path):
         ArrayFiles(tmp_path)
     with pytest.raises(ValueError, match="run tag"):
         exchange_folder("a/b")
+
+
+def test_the_folder_is_in_memory_only_where_there_is_room(tmp_path, monkeypatch):
+    import errno
+    import tempfile
+    import types
+
+    import common.array_exchange as ax
+
+    monkeypatch.setattr(ax, "SHM", tmp_path)
+    monkeypatch.setattr(ax.shutil, "disk_usage", lambda p: types.SimpleNamespace(free=2 << 30))
+    assert ax.exchange_folder("t1") == tmp_path / "fedreid-exchange-t1"
+    # a container's 64 MB /dev/shm: the temporary folder (on disk, still no Ray serialisation)
+    monkeypatch.setattr(ax.shutil, "disk_usage", lambda p: types.SimpleNamespace(free=64 << 20))
+    assert ax.exchange_folder("t1") == Path(tempfile.gettempdir()) / "fedreid-exchange-t1"
+    assert ax.exchange_folders("t1") == [
+        tmp_path / "fedreid-exchange-t1",
+        Path(tempfile.gettempdir()) / "fedreid-exchange-t1",
+    ]
+
+    # a full folder: an error that says where and what to do, and no half-written file left
+    folder = tmp_path / "fedreid-exchange-t2"
+    folder.mkdir()
+
+    def full(path, mode):
+        Path(path).write_bytes(b"half")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(ax, "open", full, raising=False)
+    with pytest.raises(
+        OSError,
+        match=r"cannot write 160,000 bytes into .*fedreid-exchange-t2 \(No space left on device\).*engine.array_exchange=ray",
+    ):
+        ArrayFiles(folder).write(big(3), "sent")
+    assert list(folder.iterdir()) == []
