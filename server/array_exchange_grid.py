@@ -2,11 +2,14 @@
 
 :class:`ArrayExchangeGrid` wraps the Grid Flower gives the ServerApp (``server/app.py``); the
 Strategy and Flower's legacy server above it are unchanged. Every outgoing message names the run's
-exchange folder and carries its large arrays as references (``common/array_exchange.py``); the
-global model a round sends to every site (one ``bytes`` object in all its messages) is written once,
-and the files of all but the two newest such objects are removed (a message of the previous round
-still in flight can read its file). Every reply's references are read back into the reply and their
-files deleted, before the Strategy sees the reply.
+exchange folder and carries its large arrays as references (``common/array_exchange.py``). An
+array sent in several messages (the global model of a round: one ``bytes`` object in all of them)
+is written once; its file is removed when the last ``send_and_receive`` that sent it has returned
+(every site replied, or the round timed out), so a site's own array (per-site noise, Eq. 15) is
+never removed before that site read it. Every reply's references are read back into the reply and
+their files deleted, before the Strategy sees the reply. Files of messages sent with
+``push_messages`` (no call to say when they are done) stay until :meth:`close`, which removes the
+folder.
 """
 
 from __future__ import annotations
@@ -21,7 +24,14 @@ from flwr.server import Grid
 
 from common.array_exchange import ArrayFiles, from_refs, set_folder, to_refs
 
-KEEP_SENT = 2  # sent arrays whose files are kept: this round's and the previous round's
+
+class _Sent:
+    """One sent array's file and the number of unfinished sends that reference it."""
+
+    __slots__ = ("data", "path", "users")
+
+    def __init__(self, data: bytes, path: Path) -> None:
+        self.data, self.path, self.users = data, path, 0  # data: kept so that its id stays its own
 
 
 class ArrayExchangeGrid(Grid):
@@ -29,8 +39,7 @@ class ArrayExchangeGrid(Grid):
         self.grid = grid
         self.files = ArrayFiles(folder)
         self._lock = threading.Lock()
-        # id(bytes) -> (the bytes object, kept alive so that its id stays its own; its file)
-        self._sent: dict[int, tuple[bytes, Path]] = {}
+        self._sent: dict[int, _Sent] = {}  # id(bytes) -> its file
 
     @classmethod
     def open(cls, grid: Grid, folder: Path) -> ArrayExchangeGrid:
@@ -67,19 +76,28 @@ class ArrayExchangeGrid(Grid):
         return self.grid.get_nodes()
 
     def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
-        return self.grid.push_messages([self._outgoing(m) for m in messages])
+        out = []
+        for m in messages:
+            self._outgoing(m, [])  # never released: the files stay until close()
+            out.append(m)
+        return self.grid.push_messages(out)
 
     def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
         return [self._incoming(m) for m in self.grid.pull_messages(message_ids)]
 
     def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:
-        out = [self._outgoing(m) for m in messages]
-        return [self._incoming(m) for m in self.grid.send_and_receive(out, timeout=timeout)]
+        used: list[int] = []
+        try:
+            out = [self._outgoing(m, used) for m in messages]
+            replies = self.grid.send_and_receive(out, timeout=timeout)
+        finally:
+            self._release(used)
+        return [self._incoming(m) for m in replies]
 
     # -- the arrays
-    def _outgoing(self, message: Message) -> Message:
+    def _outgoing(self, message: Message, used: list[int]) -> Message:
         if message.has_content():
-            to_refs(message.content, self._store_sent)
+            to_refs(message.content, lambda data: self._store_sent(data, used))
             set_folder(message.content, self.files.folder)
         return message
 
@@ -88,15 +106,24 @@ class ArrayExchangeGrid(Grid):
             from_refs(message.content, lambda ref: self.files.read(ref, unlink=True))
         return message
 
-    def _store_sent(self, data: bytes) -> Path:
-        """The file of ``data``: written at its first message, shared by all the others."""
+    def _store_sent(self, data: bytes, used: list[int]) -> Path:
+        """The file of ``data``: written at its first message, shared by the others in flight."""
         with self._lock:
-            hit = self._sent.get(id(data))
-            if hit is not None and hit[0] is data:
-                return hit[1]
-            path = self.files.write(data, "sent")
-            self._sent[id(data)] = (data, path)
-            while len(self._sent) > KEEP_SENT:  # dicts keep insertion order: the oldest first
-                _, old = self._sent.pop(next(iter(self._sent)))
-                old.unlink(missing_ok=True)
-            return path
+            sent = self._sent.get(id(data))
+            if sent is None or sent.data is not data:
+                sent = self._sent[id(data)] = _Sent(data, self.files.write(data, "sent"))
+            sent.users += 1
+            used.append(id(data))
+            return sent.path
+
+    def _release(self, used: list[int]) -> None:
+        """The sends of ``used`` are over: remove each file no send in flight references any more."""
+        with self._lock:
+            for key in used:
+                sent = self._sent.get(key)
+                if sent is None:
+                    continue
+                sent.users -= 1
+                if sent.users <= 0:
+                    del self._sent[key]
+                    sent.path.unlink(missing_ok=True)

@@ -73,9 +73,10 @@ def assert_run_outputs(out: Path, rounds: int) -> list[dict]:
 @pytest.mark.timeout(900)
 def test_six_virtual_reid_sites_two_rounds(tmp_path):
     out = tmp_path / "run"
-    output = run_fedsim(
-        ["--out", str(out), "--sites", "6", *SIM, *TINY_REID, "--timeout", "700", "rounds=2"], tmp_path, timeout_s=800
-    )
+    # privacy.beta > 0: every site receives its own noised copy (Eq. 15), six different arrays in
+    # flight at once through the simulation's array exchange (server/array_exchange_grid.py)
+    args = ["--out", str(out), "--sites", "6", *SIM, *TINY_REID, "--timeout", "700", "rounds=2", "privacy.beta=0.001"]
+    output = run_fedsim(args, tmp_path, timeout_s=800)
     rows = assert_run_outputs(out, 2)
     sites = {f"site0{i}" for i in range(1, 7)}
     for r in rows[1:]:

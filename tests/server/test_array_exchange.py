@@ -72,8 +72,8 @@ def client_app(seen: list):
 class FakeGrid(Grid):
     """Messages to the ClientApp (through the mod) and back, recording what crossed 'Ray'."""
 
-    def __init__(self, app) -> None:
-        self.app, self.crossed = app, []
+    def __init__(self, app, folder: Path | None = None) -> None:
+        self.app, self.crossed, self.folder, self.listings = app, [], folder, []
 
     def set_run(self, run) -> None: ...
 
@@ -94,6 +94,8 @@ class FakeGrid(Grid):
 
     def send_and_receive(self, messages, *, timeout=None):
         replies = []
+        if self.folder is not None:  # the exchange's files while the messages are in flight
+            self.listings.append(sorted(p.read_bytes() for p in self.folder.iterdir()))
         for m in messages:
             self.crossed.append(sum(len(a.data) for r in m.content.array_records.values() for a in r.values()))
             reply = array_exchange_mod(
@@ -110,15 +112,15 @@ def message(data: bytes, node: int) -> Message:
 
 def test_round_trip_is_byte_identical_and_the_global_model_is_written_once(tmp_path):
     seen: list = []
-    inner = FakeGrid(client_app(seen))
     folder = tmp_path / "fedreid-exchange-t1"
+    inner = FakeGrid(client_app(seen), folder)
     g = big(0)
     with ArrayExchangeGrid.open(inner, folder) as grid:
         replies = grid.send_and_receive([message(g, n) for n in (1, 2, 3)], timeout=5)
-        files = sorted(p.name for p in folder.iterdir())
-        # one file for the three messages' global model; the replies' files were read and deleted
-        assert len(files) == 1 and files[0].startswith("sent-")
-        assert (folder / files[0]).read_bytes() == g
+        # in flight: one file for the three messages' global model; after: nothing (the global
+        # model's file is removed when the send is over, the replies' files when they are read)
+        assert inner.listings == [[g]]
+        assert list(folder.iterdir()) == []
     assert not folder.exists()  # closing removes the folder
     # the ClientApp saw exactly the arrays the Strategy sent (the small one never left the message)
     assert seen == [{"0": ("numpy.ndarray", g), "1": ("numpy.ndarray", b"tiny")}] * 3
@@ -135,15 +137,39 @@ def test_round_trip_is_byte_identical_and_the_global_model_is_written_once(tmp_p
     assert len(g) > MIN_BYTES and all(n < 1000 for n in inner.crossed)
 
 
-def test_only_the_two_newest_global_models_keep_a_file(tmp_path):
-    inner = FakeGrid(client_app([]))
+def test_a_file_stays_while_a_send_that_uses_it_is_in_flight(tmp_path):
+    import threading
+
+    # per-site noise (Eq. 15): every site its own array, all in flight at once
     folder = tmp_path / "fedreid-exchange-t2"
+    seen: list = []
+    inner = FakeGrid(client_app(seen), folder)
+    own = [big(10 + k) for k in range(4)]
     with ArrayExchangeGrid.open(inner, folder) as grid:
-        models = [big(k) for k in range(4)]  # four rounds, four global models
-        for m in models:
-            grid.send_and_receive([message(m, 1), message(m, 2)])
-        kept = sorted(p.read_bytes() for p in folder.iterdir())
-        assert kept == sorted(models[2:])
+        grid.send_and_receive([message(a, k) for k, a in enumerate(own)])
+        assert inner.listings == [sorted(own)] and [x["0"][1] for x in seen] == own
+        assert list(folder.iterdir()) == []
+
+        # Flower's legacy server: one thread per site, each its own send of the same global model;
+        # the file outlives the first send that ends, and goes with the last
+        g, started, release = big(20), threading.Barrier(3), threading.Event()
+
+        class Slow(FakeGrid):
+            def send_and_receive(self, messages, *, timeout=None):
+                started.wait(5)
+                release.wait(5) if messages[0].metadata.dst_node_id != 1 else None
+                return super().send_and_receive(messages, timeout=timeout)
+
+        grid.grid = Slow(client_app(seen), folder)
+        threads = [threading.Thread(target=grid.send_and_receive, args=([message(g, n)],)) for n in (1, 2, 3)]
+        for t in threads:
+            t.start()
+        threads[0].join(5)  # site 1 replied; sites 2 and 3 still wait for their replies
+        assert [p.read_bytes() for p in folder.iterdir()] == [g]
+        release.set()
+        for t in threads[1:]:
+            t.join(5)
+        assert list(folder.iterdir()) == [] and [x["0"][1] for x in seen[-3:]] == [g] * 3
 
 
 def test_a_message_without_the_folder_passes_the_mod_untouched():
