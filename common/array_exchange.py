@@ -3,16 +3,17 @@
 On Flower's simulation engine every message and its reply are pickled through Ray's object store:
 with N virtual sites the coordinator serialises the global model N times a round and every reply
 is copied into the store, out of it and unpickled again, while the Ray worker that sent it waits
-for its next message (``benchmarks/sim_overhead.py``: a third of a 40-site round's overhead). When
-the coordinator and every Ray worker are on one machine (a private Ray instance) the arrays can
-travel as files instead: the coordinator writes the global model ONCE per round into the run's
-exchange folder and each message carries only a reference to it; a site's reply is written into the
+for its next message (py-spy at 40 sites, ``benchmarks/sim_overhead.py``: 12.5% of each worker's
+time; 0.4% with files). When the coordinator and every Ray worker are on one machine (a private Ray
+instance) the arrays can travel as files instead: the coordinator writes an array it sends to many
+sites (the global model) ONCE into the run's exchange folder and each message carries only a
+reference to it; a site's reply is written into the
 same folder by the worker and read back (and deleted) by the coordinator. The bytes are the very
 bytes the message would carry, so everything downstream (the ClientApp, the NumPyClient, the
 Strategy) sees the same message.
 
 This module is the format: a reference is an ``Array`` whose ``stype`` starts with
-:data:`REF_STYPE` and whose data is a small JSON ``{"path", "size", "dtype", "shape", "stype"}``;
+:data:`REF_STYPE` and whose data is a small JSON ``{"path", "size", "dtype", "shape"}``;
 the folder travels in the ConfigRecord :data:`FOLDER_KEY` of every message. The two edges are
 ``server/array_exchange_grid.py`` (the ServerApp's Grid) and ``client/array_exchange_mod.py`` (a
 ClientApp mod); a message without the folder record passes through both untouched (deployment).
@@ -49,7 +50,8 @@ def exchange_folders(tag: str) -> list[Path]:
 
 def exchange_folder(tag: str) -> Path:
     """The run's exchange folder: in ``/dev/shm`` where there is one, writable, with 1 GiB free (a
-    round's files are the global model twice and the few replies not yet read), else the temp folder."""
+    round's files are its global model, or one array per site with per-site noise, and the few
+    replies not yet read), else the temp folder."""
     shm, tmp = exchange_folders(tag)
     try:
         roomy = os.access(SHM, os.W_OK) and shutil.disk_usage(SHM).free >= MIN_SHM_FREE
