@@ -109,8 +109,8 @@ class ArrayExchangeGrid(Grid):
     def _store_sent(self, data: bytes, used: list[int]) -> Path:
         """The file of ``data``: written at its first message, shared by the others in flight."""
         with self._lock:
-            sent = self._sent.get(id(data))
-            if sent is None or sent.data is not data:
+            sent = self._sent.get(id(data))  # an entry keeps its object alive: its id is never reused
+            if sent is None:
                 sent = self._sent[id(data)] = _Sent(data, self.files.write(data, "sent"))
             sent.users += 1
             used.append(id(data))
