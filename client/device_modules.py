@@ -20,21 +20,27 @@ end of the round: the same keys and values, CPU tensors, as the modules' own sta
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from typing import Any, TypeVar
 
 import torch
 from torch import nn
 
+from client.module_pool import POOL, Pooled, poolable
 from common.models.from_state import module_from_state
 
 M = TypeVar("M", bound=nn.Module)
 
 
 class DeviceModules:
-    def __init__(self, device: torch.device, *, hold: bool) -> None:
+    def __init__(self, device: torch.device, *, hold: bool, pool_key: Hashable | None = None) -> None:
+        """``pool_key`` (per-message sites): what determines the modules' build (the run's config, the
+        head's size); with one, modules are reused across the rounds of this process's sites
+        (``client/module_pool.py``)."""
         self.device = device
         self.hold = hold
+        self.pool_key = None if hold else pool_key
+        self._borrowed: list[tuple[Hashable, Pooled]] = []  # this round's pooled modules, given back at finish
         self._modules: dict[str, nn.Module] = {}
         self._at: Any = None  # the state record the held modules are at (None: unknown)
         self.optimizer: torch.optim.Optimizer | None = None  # the held model's, at ``_at`` (only when kept)
@@ -45,6 +51,7 @@ class DeviceModules:
         Taken, not kept: until :meth:`finish`, the modules count as half-trained.
         """
         at, self._at = self._at, None
+        self._borrowed.clear()  # a round that failed half-way gives its modules back to no one
         return self.hold and state is not None and at is state
 
     def module(self, name: str, build: Callable[[], M], *, fresh: bool, state: dict | None = None) -> M:
@@ -53,6 +60,8 @@ class DeviceModules:
 
         ``state``: the tensors the module is to have. A held module loads them; a new one is built
         straight into them, without drawing its own initialisation (``common/models/from_state.py``)."""
+        if self.pool_key is not None:
+            return self._pooled_module(name, build, state)
         m = self._modules.get(name) if self.hold else None
         if m is None or fresh:
             m = build().to(self.device) if state is None else module_from_state(build, state, self.device)
@@ -62,9 +71,42 @@ class DeviceModules:
             m.load_state_dict(state)
         return m
 
+    def _pooled_module(self, name: str, build: Callable[[], M], state: dict | None) -> M:
+        """A per-message site's module: a pooled one with ``state`` loaded into it, or a new one.
+        A module with no state to take is always built anew (its initialisation draws are the round's)."""
+        key = (self.pool_key, name, str(self.device))
+        pooled = POOL.take(key) if state is not None else None
+        if pooled is not None:
+            m = pooled.reset()
+            m.load_state_dict(state)  # strict: every tensor (poolable() checked it at the build)
+        else:
+            m = build().to(self.device) if state is None else module_from_state(build, state, self.device)
+            if not poolable(m):
+                return m
+            pooled = Pooled(m)  # its modes now: a new module's
+        self._borrowed.append((key, pooled))
+        return m
+
     def copy_of(self, name: str, source: nn.Module) -> nn.Module:
         """A module equal to ``source`` (tensors and all): the held one with ``source`` copied into it
         in place, or a new deep copy, held from now on by a site process."""
+        if self.pool_key is not None:
+            key = (self.pool_key, name, str(self.device))
+            pooled = POOL.take(key)
+            if pooled is not None:
+                m = pooled.reset()
+                m.load_state_dict(source.state_dict())
+                for dst, src in zip(m.modules(), source.modules(), strict=True):  # deepcopy's modes
+                    dst.training = src.training
+                for dst, src in zip(m.parameters(), source.parameters(), strict=True):
+                    dst.requires_grad_(src.requires_grad)
+            else:
+                m = copy.deepcopy(source)
+                if not poolable(m):
+                    return m
+                pooled = Pooled(m)
+            self._borrowed.append((key, pooled))
+            return m
         m = self._modules.get(name) if self.hold else None
         if m is None:
             m = copy.deepcopy(source)
@@ -75,9 +117,27 @@ class DeviceModules:
         return m
 
     def finish(self, state: Any, optimizer: torch.optim.Optimizer | None = None) -> None:
-        """The round ended and ``state`` (its record, kept by ``HeldState``) is where the modules are."""
+        """The round ended and ``state`` (its record, kept by ``HeldState``) is where the modules are.
+
+        A per-message site's pooled modules go back to the pool: the round may still read them
+        (its reply) until it returns; only a later round of this thread takes them."""
         if self.hold:
             self._at, self.optimizer = state, optimizer
+        for key, pooled in self._borrowed:  # the next round of any site of this process may reuse them
+            POOL.give(key, pooled)
+        self._borrowed.clear()
+
+    def snapshot(self, state_dict: dict) -> dict:
+        """What the round's state record holds of a module's state dict: a CPU copy, taken now, when
+        a site process holds the module (it writes the record in the background while the next round
+        trains the module) or the module is not on the CPU; otherwise the state dict itself: a
+        per-message site writes its record before :meth:`finish` gives its modules back to the pool
+        (``client/held_state.py``), and a pooled module is only reused by a later round."""
+        if self.hold:
+            return cpu_copy(state_dict)
+        if any(isinstance(v, torch.Tensor) and v.device.type != "cpu" for v in state_dict.values()):
+            return cpu_copy(state_dict)
+        return state_dict
 
     def close(self) -> None:
         self._modules.clear()

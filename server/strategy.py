@@ -61,6 +61,7 @@ from server.aggregate import (
 )
 from server.replies import ReplyError, check_metrics, decode_arrays, encode_arrays
 from server.sites import SiteRoster
+from server.thread_map import coordinator_threads, thread_map
 
 log = logging.getLogger("fedserver")
 
@@ -128,6 +129,7 @@ class FedReIDStrategy(FedAvg):
         fit_config: dict[str, Scalar] | None = None,
         on_round_end: RoundEndFn | None = None,
         round_offset: int = 0,
+        threads: int = 0,
     ) -> None:
         check_arrays(manifest, initial_arrays, who="initial parameters")
         if sampling not in SAMPLINGS or aggregation not in AGGREGATIONS or norm_action not in NORM_ACTIONS:
@@ -174,6 +176,9 @@ class FedReIDStrategy(FedAvg):
         self.round_offset = round_offset  # rounds completed before this Flower run (resume)
         self.roster = SiteRoster(self.sites, bound=site_nodes, timeout_s=min(120.0, wait_for_sites_s))
         self._sent = initial  # what the sites were sent this round (before noise): the norm reference
+        # the replies' checks, norms and average on this many threads (0: the process's cores, at most 8);
+        # the results do not depend on it (server/thread_map.py)
+        self.threads = threads if threads > 0 else coordinator_threads()
 
     def __repr__(self) -> str:
         return f"FedReIDStrategy(S={self.fraction_fit}, beta={self.beta}, manifest={self.manifest.hash})"
@@ -301,13 +306,25 @@ class FedReIDStrategy(FedAvg):
                 self._drop(rec, site, f"the reply claims site {str(claimed)[:80]!r}, but node {proxy.cid} is {site}")
             else:
                 named.append((site, res))
+        named.sort(key=lambda t: t[0])  # canonical order: sums must not depend on arrival
+
+        def decoded(item: tuple[str, FitRes]) -> list[np.ndarray] | Exception:
+            """The reply's arrays (sizes before decoding; zero-copy views, checked finite), or its error."""
+            try:
+                return decode_arrays(self.manifest, item[1].parameters, f"update of site {item[0]}")
+            except Exception as e:  # noqa: BLE001 -- raised below, in canonical order, for this reply only
+                return e
+
+        # the finite checks read every byte of every reply: on all cores (server/thread_map.py)
+        checked = thread_map(decoded, named, self.threads)
         valid = []
-        for site, res in sorted(named, key=lambda t: t[0]):  # canonical order: sums must not depend on arrival
+        for (site, res), arrays in zip(named, checked):
             who = f"update of site {site}"
             try:
                 rec.bytes_received += sum(len(t) for t in res.parameters.tensors if isinstance(t, (bytes, bytearray)))
                 metrics = check_metrics(res.metrics, who)
-                arrays = decode_arrays(self.manifest, res.parameters, who)  # sizes before decoding; zero-copy
+                if isinstance(arrays, Exception):
+                    raise arrays
                 count = self.reply_count(site, res, metrics)
             except ReplyError as e:
                 self._drop(rec, site, str(e).removeprefix(who + ": "))
@@ -325,7 +342,7 @@ class FedReIDStrategy(FedAvg):
         self, rec: RoundRecord, updates: list[_Valid], ref: list[np.ndarray]
     ) -> tuple[list[_Valid], list[float]]:
         """Bounded influence: ||update - sent|| at most norm_bound x the round's lower-median norm."""
-        norms = [update_norm(v.arrays, ref) for v in updates]
+        norms = thread_map(lambda v: update_norm(v.arrays, ref), updates, self.threads)  # one update per thread
         rec.update_norms = {v.site: round(n, 6) for v, n in zip(updates, norms)}
         if self.norm_bound <= 0 or not updates:
             return updates, [1.0] * len(updates)
@@ -388,7 +405,7 @@ class FedReIDStrategy(FedAvg):
             return None, {"valid_updates": len(updates)}
         weights = capped_weights([v.count for v in updates], self.weight_cap) if self.weighted else None
         if self.aggregation == "mean":  # Eq. (8) / FedFR Eq. (2, 4), clipped updates rebuilt array by array
-            aggregate = average([v.arrays for v in updates], weights, scales=scales, reference=ref)
+            aggregate = average([v.arrays for v in updates], weights, scales=scales, reference=ref, threads=self.threads)
         else:
             clipped = [
                 v.arrays if c == 1.0 else average([v.arrays], None, scales=[c], reference=ref)

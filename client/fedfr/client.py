@@ -73,7 +73,9 @@ class FedFRClient(NumPyClient):
         self.manifest = expected_fedfr_manifest(self.f, self.public.num_identities)
         self.state_dir = Path(settings.state_dir or default_state_dir(settings.site)).expanduser()
         self._held = HeldState(background=settings.hold_state)
-        self._kept = DeviceModules(self.device, hold=settings.hold_state)  # site model, Theta_g, Theta_l^{t-1}
+        # site model, Theta_g, Theta_l^{t-1}; a per-message site reuses built modules (client/module_pool.py)
+        pool_key = (repr(cfg), self.public.num_identities, self.data.num_identities)
+        self._kept = DeviceModules(self.device, hold=settings.hold_state, pool_key=pool_key)
         self._train_loader: RoundLoader | None = None  # a site process's, with persistent workers
 
     def close(self) -> None:
@@ -197,7 +199,7 @@ class FedFRClient(NumPyClient):
             num_local=self.data.num_identities,
             last_round=rnd,
             rounds_trained=(st.rounds_trained if st else 0) + 1,
-            model=cpu_copy(model.state_dict()),  # a snapshot now: the held model trains on in the next round
+            model=self._kept.snapshot(model.state_dict()),  # a copy now if the held model trains on
             hard_negatives=hn,
             optimizer=cpu_copy(opt.state_dict()) if self.f.keep_optimizer_state else None,
             history=(st.history if st else []) + [{"round": rnd, **stats}],

@@ -66,7 +66,8 @@ class FedReIDClient(NumPyClient):
         self.fault = parse_fault(settings.fault)
         self.mode = mode_of(cfg.strategy.mode)
         self._held = HeldState(background=settings.hold_state)
-        self._kept = DeviceModules(self.device, hold=settings.hold_state)  # model, expert, optimizer
+        # model, expert, optimizer; a per-message site reuses built modules of its build (client/module_pool.py)
+        self._kept = DeviceModules(self.device, hold=settings.hold_state, pool_key=(repr(cfg), self.num_classes))
         self._train_loader: RoundLoader | None = None  # a site process's, with persistent workers
 
     def close(self) -> None:
@@ -141,7 +142,7 @@ class FedReIDClient(NumPyClient):
             num_classes=self.num_classes,
             last_round=server_round,
             rounds_trained=(st.rounds_trained if st else 0) + 1,
-            model=cpu_copy(model.state_dict()),  # a snapshot now: the held model trains on in the next round
+            model=self._kept.snapshot(model.state_dict()),  # a copy now if the held model trains on
             optimizer=cpu_copy(opt.state_dict()) if self.cfg.train.keep_optimizer_state else None,
             history=(st.history if st else []) + [{"round": server_round, **stats}],
         )

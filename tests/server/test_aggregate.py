@@ -177,3 +177,50 @@ def test_mean_is_bit_identical_to_the_weighted_float64_sum():
         for wk, u in zip(w, ups):
             acc += wk * u[i]  # the plain expression, a new float64 array per term
         assert out[i].dtype == first.dtype and np.array_equal(out[i], acc.astype(first.dtype)), i
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_blocked_average_on_threads_is_the_plain_float64_sum_in_site_order(monkeypatch, threads):
+    import server.aggregate as ag
+
+    monkeypatch.setattr(ag, "BLOCK", 7)  # arrays over several blocks, the last one partial
+    rng = np.random.default_rng(4)
+    shapes = [(5, 6), (), (13,), (0,), (2,)]
+
+    def update():
+        return [rng.standard_normal(s).astype(np.float32) for s in shapes] + [rng.standard_normal(9)]
+
+    ups, ref = [update() for _ in range(5)], update()
+    for u in ups:
+        u.insert(1, np.array([rng.integers(100)], np.int64))
+    ref.insert(1, np.array([0], np.int64))
+    w, c = [1.0, 2.0, 3.0, 4.0, 5.0], [1.0, 0.5, 1.0, 0.25, 1.0]
+    wn = [x / sum(w) for x in w]
+    out = ag.average(ups, w, scales=c, reference=ref, threads=threads)
+    for i, got in enumerate(out):
+        first = ups[0][i]
+        assert got.dtype == first.dtype and got.shape == first.shape
+        if first.dtype == np.int64:
+            assert got[0] == first[0]  # passed through
+            continue
+        for j in range(first.size):  # element by element, python floats (IEEE doubles), sites in order
+            acc = 0.0
+            for k in range(5):
+                x, r = float(ups[k][i].reshape(-1)[j]), float(ref[i].reshape(-1)[j])
+                acc += wn[k] * x if c[k] == 1.0 else wn[k] * (r + c[k] * (x - r))
+            assert got.reshape(-1)[j] == first.dtype.type(acc), (i, j)
+
+
+def test_thread_map_keeps_the_order_and_raises_the_first_error():
+    from server.thread_map import coordinator_threads, thread_map
+
+    assert thread_map(lambda x: x * x, range(50), 4) == [x * x for x in range(50)]
+    assert thread_map(str, [], 4) == [] and 1 <= coordinator_threads() <= 8
+
+    def fail(x):
+        if x == 7:
+            raise ValueError("seven")
+        return x
+
+    with pytest.raises(ValueError, match="seven"):
+        thread_map(fail, range(20), 3)
