@@ -405,7 +405,9 @@ class FedReIDStrategy(FedAvg):
             return None, {"valid_updates": len(updates)}
         weights = capped_weights([v.count for v in updates], self.weight_cap) if self.weighted else None
         if self.aggregation == "mean":  # Eq. (8) / FedFR Eq. (2, 4), clipped updates rebuilt array by array
-            aggregate = average([v.arrays for v in updates], weights, scales=scales, reference=ref, threads=self.threads)
+            aggregate = average(
+                [v.arrays for v in updates], weights, scales=scales, reference=ref, threads=self.threads
+            )
         else:
             clipped = [
                 v.arrays if c == 1.0 else average([v.arrays], None, scales=[c], reference=ref)

@@ -20,7 +20,16 @@ from client.module_pool import POOL, ModulePool, Pooled, poolable
 from client.site_settings import SiteSettings
 from common.models.builder import expected_manifest
 from common.models.fedfr import expected_fedfr_manifest
-from tests.fakes import Unpacked, fedfr_arrays, fedfr_settings, fit_config, global_arrays, tiny_config, tiny_fedfr_config, tiny_world
+from tests.fakes import (
+    Unpacked,
+    fedfr_arrays,
+    fedfr_settings,
+    fit_config,
+    global_arrays,
+    tiny_config,
+    tiny_fedfr_config,
+    tiny_world,
+)
 
 PUBLIC = 6
 
@@ -147,7 +156,8 @@ def test_fedfr_site_reuses_its_backbone_copies_with_their_modes_as_deepcopy_give
         seen.append(
             (
                 {id(model), id(global_backbone), id(prev_backbone)},
-                [p.requires_grad for p in global_backbone.parameters()] + [m.training for m in global_backbone.modules()],
+                [p.requires_grad for p in global_backbone.parameters()]
+                + [m.training for m in global_backbone.modules()],
             )
         )
         return real_train(model, global_backbone, prev_backbone, *a, **kw)
