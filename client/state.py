@@ -81,7 +81,7 @@ def save_versioned(state: dict[str, Any], state_dir: str | Path, current: str, p
     cur.parent.mkdir(parents=True, exist_ok=True)
     if cur.is_file() and _last_round(cur) < state["last_round"]:
         os.replace(cur, cur.with_name(previous))
-    atomic_torch_save(state, cur)
+    atomic_torch_save(state, cur, checksums=False)  # written every round; torch.load checks no CRC
     return cur
 
 
@@ -120,7 +120,9 @@ def pick_versioned(
     for path in (state_dir / current, state_dir / previous):
         if not path.is_file():
             continue
-        data = torch_load(path)
+        # memory-mapped: the tensors are read where they are used (copied into the round's modules),
+        # without a first copy of the whole file into memory; a file not used costs only its metadata
+        data = torch_load(path, mmap=True)
         last = int(data["last_round"])
         _remember(path, last)
         if before_round is None or last < before_round:

@@ -26,6 +26,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 import torch
+import torch.utils.serialization  # its config: save.compute_crc32 (atomic_torch_save)
 
 
 class UnsafeCheckpointError(ValueError):
@@ -66,11 +67,26 @@ def to_plain(obj: Any) -> Any:
     return obj
 
 
-def atomic_torch_save(obj: Any, path: str | Path) -> None:
+def atomic_torch_save(obj: Any, path: str | Path, *, checksums: bool = True) -> None:
+    """``obj`` (made plain, :func:`to_plain`) written atomically with ``torch.save``.
+
+    ``checksums=False`` leaves out the CRC-32 of each zip record: ``torch.load`` never checks them
+    (a corrupt byte loads as it is, checksum or not; a test keeps that premise checked), and
+    computing them is a fifth of a save's time (about 10 ms of 50 for a ResNet-18). A site's state,
+    written every round, is saved without them.
+    """
     # straight into the temporary file: the same bytes as through a BytesIO (torch writes a file
     # object as a buffer), without two more copies of a model-sized buffer per save
     plain = to_plain(obj)
-    _atomic_write(path, lambda f: torch.save(plain, f))
+    if checksums:
+        _atomic_write(path, lambda f: torch.save(plain, f))
+        return
+
+    def write(f: BinaryIO) -> None:
+        with torch.utils.serialization.config.patch(**{"save.compute_crc32": False}):
+            torch.save(plain, f)
+
+    _atomic_write(path, write)
 
 
 def atomic_json_save(obj: Any, path: str | Path) -> None:

@@ -137,3 +137,60 @@ def test_site_process_in_memory_state_gives_the_same_rounds_as_per_message_clien
         assert torch.equal(v, b.model[k]), k
     for i, s in a.optimizer["state"].items():
         assert torch.equal(s["momentum_buffer"], b.optimizer["state"][i]["momentum_buffer"]), i
+
+
+def test_without_a_reader_of_the_whole_model_the_state_keeps_the_head_and_rounds_train_the_same(
+    tiny_site, tmp_path, monkeypatch
+):
+    cfg = tiny_config(train={"local_expert": False, "local_iters": 2})
+    man = expected_manifest(cfg)
+    runs = {}
+    for mode in ("head", "whole"):
+        if mode == "whole":  # what every state held before: the whole model
+            monkeypatch.setattr(FedReIDClient, "_keeps_whole_model", lambda self: True)
+        runs[mode] = [
+            make_client(cfg, tiny_site, tmp_path / mode).fit(global_arrays(cfg, seed=rnd), fit_config(cfg, rnd))
+            for rnd in (1, 2, 3)
+        ]
+    for rnd, ((a, _, ma), (b, _, mb)) in enumerate(zip(runs["head"], runs["whole"], strict=True), 1):
+        assert ma["loss"] == mb["loss"], rnd
+        for x, y in zip(a, b, strict=True):
+            np.testing.assert_array_equal(x, y, err_msg=f"round {rnd}")
+    head, whole = (
+        FEDREID_STATE.load(tmp_path / m, site="market1501", manifest_hash=man.hash, num_classes=4).model
+        for m in ("head", "whole")
+    )
+    assert set(head) == set(whole) - set(man.keys)  # the own head and BatchNorm's step counters (not shared)
+    assert any(k.startswith("head.") for k in head)
+    assert all(k.startswith("head.") or k.endswith("num_batches_tracked") for k in head)
+    for k, v in head.items():
+        assert torch.equal(v, whole[k]), k
+    size = {m: (tmp_path / m / "site_state.pt").stat().st_size for m in ("head", "whole")}
+    assert size["head"] * 20 < size["whole"]  # ResNet-18: the 1 MB head of a 46 MB model
+    kd = tiny_config()  # the local expert reads the whole model (Eq. 10)
+    make_client(kd, tiny_site, tmp_path / "kd").fit(global_arrays(kd), fit_config(kd, 1))
+    st = FEDREID_STATE.load(tmp_path / "kd", site="market1501", manifest_hash=man.hash, num_classes=4)
+    assert set(man.keys) < set(st.model)
+
+
+def test_a_head_only_state_read_by_a_run_with_the_expert_starts_the_expert_at_the_rounds_model(
+    tiny_site, tmp_path, monkeypatch, caplog
+):
+    no_kd = tiny_config(train={"local_expert": False})
+    make_client(no_kd, tiny_site, tmp_path).fit(global_arrays(no_kd), fit_config(no_kd, 1))
+    cfg = tiny_config()
+    seen = {}
+    real_train = nc.train_round
+
+    def spy(model, expert, *a, **kw):
+        seen["model"] = {k: v.clone() for k, v in model.state_dict().items()}
+        seen["expert"] = {k: v.clone() for k, v in expert.state_dict().items()}
+        return real_train(model, expert, *a, **kw)
+
+    monkeypatch.setattr(nc, "train_round", spy)
+    with caplog.at_level("WARNING", logger="fedclient"):
+        make_client(cfg, tiny_site, tmp_path).fit(global_arrays(cfg, seed=1), fit_config(cfg, 2))
+    assert "holds no embedding" in caplog.text
+    assert seen["model"].keys() == seen["expert"].keys()
+    for k, v in seen["model"].items():
+        assert torch.equal(seen["expert"][k], v), k
