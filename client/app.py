@@ -60,7 +60,9 @@ def client_fn(context: Context):
     from client.virtual_site import is_virtual
 
     if is_virtual(node):  # simulation engine: partition id -> that virtual site's settings
-        return WireClient(VIRTUAL_SITES.site(experiment, node))
+        # the arrays as read-only views on the message's bytes: a site copies them as it unpacks them
+        # (common/params.py from_wire), so a copy here would be a second one
+        return WireClient(VIRTUAL_SITES.site(experiment, node), copy_in=False)
     return WireClient(_build_site(site_config(context.run_config), node))
 
 

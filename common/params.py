@@ -93,9 +93,16 @@ def expected_manifest_of(build: Callable[[], nn.Module], prefixes: tuple[str, ..
     return prefix_manifest(model, prefixes)
 
 
-def get_shared(model: nn.Module, manifest: Manifest) -> list[np.ndarray]:
-    """The shared tensors of ``model`` as numpy arrays, in manifest order (nothing else)."""
+def get_shared(model: nn.Module, manifest: Manifest, *, copy: bool = True) -> list[np.ndarray]:
+    """The shared tensors of ``model`` as numpy arrays, in manifest order (nothing else).
+
+    ``copy=False``: views on the module's CPU tensors (a module elsewhere is copied to the CPU in
+    any case), for arrays packed at once (``to_wire`` copies them into the message) before the module
+    changes again.
+    """
     state = model.state_dict()
+    if not copy:
+        return [state[k].detach().cpu().numpy() for k in manifest.keys]
     return [state[k].detach().cpu().numpy().copy() for k in manifest.keys]
 
 

@@ -6,8 +6,9 @@ exchange folder and carries its large arrays as references (``common/array_excha
 array sent in several messages (the global model of a round: one ``bytes`` object in all of them)
 is written once; its file is removed when the last ``send_and_receive`` that sent it has returned
 (every site replied, or the round timed out), so a site's own array (per-site noise, Eq. 15) is
-never removed before that site read it. Every reply's references are read back into the reply and
-their files deleted, before the Strategy sees the reply. Files of messages sent with
+never removed before that site read it (nor rewritten: a sent file is deleted, never kept free).
+Every reply's references are read back into the reply, before the Strategy sees it, and their files
+kept free for the next writes (``ArrayFiles.release``). Files of messages sent with
 ``push_messages`` (no call to say when they are done) stay until :meth:`close`, which removes the
 folder.
 """
@@ -103,7 +104,7 @@ class ArrayExchangeGrid(Grid):
 
     def _incoming(self, message: Message) -> Message:
         if message.has_content():
-            from_refs(message.content, lambda ref: self.files.read(ref, unlink=True))
+            from_refs(message.content, lambda ref: self.files.read(ref, release=True))
         return message
 
     def _store_sent(self, data: bytes, used: list[int]) -> Path:

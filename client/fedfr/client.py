@@ -226,7 +226,7 @@ class FedFRClient(NumPyClient):
             "train_seconds": seconds,
             **{k: float(v) for k, v in stats.items() if np.isfinite(v)},
         }
-        return to_wire(self.manifest, get_shared(model, self.manifest)), own, metrics
+        return to_wire(self.manifest, get_shared(model, self.manifest, copy=False)), own, metrics  # one copy
 
     def _check(self, config) -> None:
         f = self.f

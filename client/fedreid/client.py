@@ -171,10 +171,11 @@ class FedReIDClient(NumPyClient):
             ", ".join(f"{k}={v:.1f}" for k, v in timing.items()),
         )
         metrics = {"site": self.s.site, **timing, **{k: float(v) for k, v in stats.items()}}
-        update = get_shared(model, self.manifest)
         if self.fault is not None:
+            update = get_shared(model, self.manifest)
             return [self.fault.wire(self.s.site, server_round, self.manifest, update)], len(self.data.train), metrics
-        return to_wire(self.manifest, update), len(self.data.train), metrics
+        # packed straight from the model's tensors: the one copy of the update is the message's
+        return to_wire(self.manifest, get_shared(model, self.manifest, copy=False)), len(self.data.train), metrics
 
     def _round_models(
         self, st: FedReIDSiteState | None, parameters: list[np.ndarray], *, ready: bool

@@ -19,6 +19,8 @@ from flwr.supercore.task_identity import TaskIdentity
 from client.array_exchange_mod import array_exchange_mod
 from common.array_exchange import (
     FOLDER_KEY,
+    FREE_PREFIX,
+    MAX_FREE,
     MIN_BYTES,
     REF_STYPE,
     ArrayFiles,
@@ -106,6 +108,11 @@ class FakeGrid(Grid):
         return replies
 
 
+def live(folder: Path) -> list[Path]:
+    """The exchange's files in use (not the free ones, kept to be rewritten)."""
+    return sorted(p for p in folder.iterdir() if not p.name.startswith(FREE_PREFIX))
+
+
 def message(data: bytes, node: int) -> Message:
     return Message(content(data), dst_node_id=node, message_type=MessageType.TRAIN)
 
@@ -118,9 +125,9 @@ def test_round_trip_is_byte_identical_and_the_global_model_is_written_once(tmp_p
     with ArrayExchangeGrid.open(inner, folder) as grid:
         replies = grid.send_and_receive([message(g, n) for n in (1, 2, 3)], timeout=5)
         # in flight: one file for the three messages' global model; after: nothing (the global
-        # model's file is removed when the send is over, the replies' files when they are read)
+        # model's file is removed when the send is over, the replies' files are free once read)
         assert inner.listings == [[g]]
-        assert list(folder.iterdir()) == []
+        assert live(folder) == [] and len(list(folder.iterdir())) == 3
     assert not folder.exists()  # closing removes the folder
     # the ClientApp saw exactly the arrays the Strategy sent (the small one never left the message)
     assert seen == [{"0": ("numpy.ndarray", g), "1": ("numpy.ndarray", b"tiny")}] * 3
@@ -148,7 +155,7 @@ def test_a_file_stays_while_a_send_that_uses_it_is_in_flight(tmp_path):
     with ArrayExchangeGrid.open(inner, folder) as grid:
         grid.send_and_receive([message(a, k) for k, a in enumerate(own)])
         assert inner.listings == [sorted(own)] and [x["0"][1] for x in seen] == own
-        assert list(folder.iterdir()) == []
+        assert live(folder) == []
 
         # Flower's legacy server: one thread per site, each its own send of the same global model;
         # the file outlives the first send that ends, and goes with the last
@@ -165,11 +172,11 @@ def test_a_file_stays_while_a_send_that_uses_it_is_in_flight(tmp_path):
         for t in threads:
             t.start()
         threads[0].join(5)  # site 1 replied; sites 2 and 3 still wait for their replies
-        assert [p.read_bytes() for p in folder.iterdir()] == [g]
+        assert [p.read_bytes() for p in live(folder)] == [g]
         release.set()
         for t in threads[1:]:
             t.join(5)
-        assert list(folder.iterdir()) == [] and [x["0"][1] for x in seen[-3:]] == [g] * 3
+        assert live(folder) == [] and [x["0"][1] for x in seen[-3:]] == [g] * 3
 
 
 def test_a_message_without_the_folder_passes_the_mod_untouched():
@@ -241,3 +248,35 @@ def test_the_folder_is_in_memory_only_where_there_is_room(tmp_path, monkeypatch)
     ):
         ArrayFiles(folder).write(big(3), "sent")
     assert list(folder.iterdir()) == []
+
+
+def test_read_replies_are_rewritten_by_the_next_writes_never_read_again(tmp_path):
+    import threading
+
+    folder = tmp_path / "fedreid-exchange-t4"
+    folder.mkdir()
+    files = ArrayFiles(folder)
+    replies = [files.write(big(30 + k), "reply") for k in range(MAX_FREE + 2)]
+    inodes = {p.stat().st_ino for p in replies}
+    for k, p in enumerate(replies):
+        ref = {"path": str(p), "size": len(big(30 + k))}
+        assert files.read(ref, release=True) == big(30 + k)
+    # MAX_FREE kept to be rewritten, the others deleted; none under a name a reference can give
+    free = sorted(folder.iterdir())
+    assert len(free) == MAX_FREE and all(p.name.startswith(FREE_PREFIX) for p in free)
+    assert {p.stat().st_ino for p in free} <= inodes
+    sent = files.write(big(40, n=1000), "sent")  # a shorter array: the rewritten file is truncated to it
+    assert sent.read_bytes() == big(40, n=1000) and sent.stat().st_ino in inodes
+    files.release(sent)  # only a reply file is kept: a sent file may have a late reader
+    assert not sent.exists() and len(list(folder.iterdir())) == MAX_FREE - 1
+    # several workers at once: each free file goes to one writer, every file holds its own bytes
+    out: dict[int, Path] = {}
+    threads = [
+        threading.Thread(target=lambda k=k: out.update({k: files.write(big(50 + k), "reply")})) for k in range(8)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(5)
+    assert len({p for p in out.values()}) == 8 and all(out[k].read_bytes() == big(50 + k) for k in range(8))
+    assert not any(p.name.startswith(FREE_PREFIX) for p in folder.iterdir())
