@@ -120,7 +120,7 @@ def decode_arrays(
         n = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
         a = packed[at : at + n].view(dtype).reshape(shape)
         at += n
-        if check_finite and not _all_finite(a):
+        if check_finite and not all_finite(a):
             raise ReplyError(f"{who}: {key} has non-finite values (NaN or Inf)")
         out.append(a)
     return out
@@ -146,7 +146,7 @@ def encode_arrays(manifest: Manifest, arrays: list[np.ndarray]) -> Parameters:
     return Parameters(tensors=[blob], tensor_type="numpy.ndarray")
 
 
-def _all_finite(a: np.ndarray, block: int = 1 << 20) -> bool:
+def all_finite(a: np.ndarray, block: int = 1 << 20) -> bool:
     """No NaN/Inf, without a bool array of the tensor's size: a float32 (or smaller) tensor summed in
     float64 cannot overflow, so the sum is finite exactly when every value is; wider dtypes by blocks."""
     if a.dtype.itemsize <= 4:

@@ -32,6 +32,7 @@ model copies whatever the number of sites (``benchmarks/server_memory.py``).
 
 from __future__ import annotations
 
+import functools
 import logging
 import secrets
 import time
@@ -55,11 +56,12 @@ from server.aggregate import (
     capped_weights,
     clip_scales,
     lower_median,
+    norm_of,
     robust_aggregate,
     sample_sites,
-    update_norm,
 )
 from server.replies import ReplyError, check_metrics, decode_arrays, encode_arrays
+from server.reply_checks import ArrivalProxy, CheckedReplies, CheckedReply, check_reply
 from server.sites import SiteRoster
 from server.thread_map import coordinator_threads, thread_map
 
@@ -99,6 +101,7 @@ class _Valid:
     arrays: list[np.ndarray]  # read-only views on the reply's bytes
     count: float  # the site's weight before the cap (FedFR: its own image count)
     metrics: dict[str, float]
+    distances: list[float | None]  # squared_distances(arrays, sent): the terms of the update's norm
 
 
 class FedReIDStrategy(FedAvg):
@@ -176,6 +179,7 @@ class FedReIDStrategy(FedAvg):
         self.round_offset = round_offset  # rounds completed before this Flower run (resume)
         self.roster = SiteRoster(self.sites, bound=site_nodes, timeout_s=min(120.0, wait_for_sites_s))
         self._sent = initial  # what the sites were sent this round (before noise): the norm reference
+        self._checked = CheckedReplies()  # replies checked as they arrived (server/reply_checks.py)
         # the replies' checks, norms and average on this many threads (0: the process's cores, at most 8);
         # the results do not depend on it (server/thread_map.py)
         self.threads = threads if threads > 0 else coordinator_threads()
@@ -253,6 +257,9 @@ class FedReIDStrategy(FedAvg):
             log.warning("round %d: sampled sites not connected: %s", server_round, absent)
         asked = sorted(named) if self.sampling == "paper" else [s for s in rec.chosen if s in named]
         self._sent = parameters
+        self._checked.clear()
+        reference = decode_arrays(self.manifest, parameters, "parameters sent", check_finite=False)  # views
+        on_reply = functools.partial(self._check_on_arrival, parameters, reference)
         config = {**self.fit_config, "server_round": server_round, "manifest_hash": self.manifest.hash}
         beta = self.beta if self.client_noise else 0.0
         arrays = decode_arrays(self.manifest, parameters, "global parameters", check_finite=False) if beta > 0 else None
@@ -266,7 +273,7 @@ class FedReIDStrategy(FedAvg):
             else:  # the same serialised parameters for every site: no copy per site
                 sent = parameters
             rec.bytes_sent += sum(len(t) for t in sent.tensors)
-            out.append((named[site], FitIns(sent, dict(config))))
+            out.append((ArrivalProxy(named[site], on_reply), FitIns(sent, dict(config))))
         rec.sampled, rec.asked = len(rec.chosen), len(out)
         log.info(
             "round %d: %d of %d sites train, %d sampled for the average (%s)",
@@ -294,6 +301,12 @@ class FedReIDStrategy(FedAvg):
         rec.dropped[site] = why
         log.warning("round %d: dropped the update of site %s: %s", rec.server_round, site, why)
 
+    def _check_on_arrival(self, sent: Parameters, reference: list[np.ndarray], proxy: ClientProxy, res: FitRes) -> None:
+        """A reply just arrived (on Flower's thread for that site): check it now, for aggregate_fit."""
+        site = self.roster.site_of(proxy.cid)
+        if site is not None:
+            self._checked.put(check_reply(self.manifest, res, f"update of site {site}", sent, reference))
+
     def _valid_replies(self, rec: RoundRecord, results: list[tuple[ClientProxy, FitRes]]) -> list[_Valid]:
         """Each reply checked on its own, in canonical order (site name); bad ones dropped."""
         named = []
@@ -307,24 +320,26 @@ class FedReIDStrategy(FedAvg):
             else:
                 named.append((site, res))
         named.sort(key=lambda t: t[0])  # canonical order: sums must not depend on arrival
+        sent = self._sent
+        reference = decode_arrays(self.manifest, sent, "parameters sent", check_finite=False)
 
-        def decoded(item: tuple[str, FitRes]) -> list[np.ndarray] | Exception:
-            """The reply's arrays (sizes before decoding; zero-copy views, checked finite), or its error."""
-            try:
-                return decode_arrays(self.manifest, item[1].parameters, f"update of site {item[0]}")
-            except Exception as e:  # noqa: BLE001 -- raised below, in canonical order, for this reply only
-                return e
+        def checked_reply(item: tuple[str, FitRes]) -> CheckedReply:
+            """Sizes, finite values and the norm's terms: checked on arrival, or now."""
+            who = f"update of site {item[0]}"
+            return self._checked.take(item[1], who, sent) or check_reply(self.manifest, item[1], who, sent, reference)
 
-        # the finite checks read every byte of every reply: on all cores (server/thread_map.py)
-        checked = thread_map(decoded, named, self.threads)
+        # what was not checked on arrival (every reply of a round without configure_fit) reads every
+        # byte of every reply: on all cores (server/thread_map.py)
+        checked = thread_map(checked_reply, named, self.threads)
+        self._checked.clear()
         valid = []
-        for (site, res), arrays in zip(named, checked):
+        for (site, res), c in zip(named, checked):
             who = f"update of site {site}"
             try:
                 rec.bytes_received += sum(len(t) for t in res.parameters.tensors if isinstance(t, (bytes, bytearray)))
                 metrics = check_metrics(res.metrics, who)
-                if isinstance(arrays, Exception):
-                    raise arrays
+                if c.error is not None:
+                    raise c.error
                 count = self.reply_count(site, res, metrics)
             except ReplyError as e:
                 self._drop(rec, site, str(e).removeprefix(who + ": "))
@@ -332,17 +347,15 @@ class FedReIDStrategy(FedAvg):
             except Exception as e:  # noqa: BLE001 -- whatever one reply does, it ends that reply only
                 self._drop(rec, site, f"{type(e).__name__}: {str(e)[:300]}")
                 continue
-            valid.append(_Valid(site, arrays, count, metrics))
+            valid.append(_Valid(site, c.arrays, count, metrics, c.distances))
             rec.replied.append(site)
             rec.site_train_seconds[site] = metrics.get("train_seconds", 0.0)
             rec.site_metrics[site] = metrics
         return valid
 
-    def _bounded(
-        self, rec: RoundRecord, updates: list[_Valid], ref: list[np.ndarray]
-    ) -> tuple[list[_Valid], list[float]]:
+    def _bounded(self, rec: RoundRecord, updates: list[_Valid]) -> tuple[list[_Valid], list[float]]:
         """Bounded influence: ||update - sent|| at most norm_bound x the round's lower-median norm."""
-        norms = thread_map(lambda v: update_norm(v.arrays, ref), updates, self.threads)  # one update per thread
+        norms = [norm_of(v.distances) for v in updates]  # = update_norm(v.arrays, sent), from the checks' terms
         rec.update_norms = {v.site: round(n, 6) for v, n in zip(updates, norms)}
         if self.norm_bound <= 0 or not updates:
             return updates, [1.0] * len(updates)
@@ -392,7 +405,7 @@ class FedReIDStrategy(FedAvg):
         # Eq. (5)/(8): the average runs over the sampled sites only (with "paper" sampling all trained)
         updates = [v for v in valid if v.site in rec.chosen]
         ref = decode_arrays(self.manifest, self._sent, "parameters sent", check_finite=False)
-        updates, scales = self._bounded(rec, updates, ref)
+        updates, scales = self._bounded(rec, updates)
         rec.averaged = [v.site for v in updates]
         rec.fit_seconds = time.time() - rec.started if rec.started else 0.0
         if len(updates) < self.min_fit_sites:
