@@ -188,6 +188,13 @@ class FedReIDClient(NumPyClient):
         last = st.model if st is not None else None  # this site's model at the end of its previous round
         whole = last is None or all(k in last for k in self.manifest.keys)
         if not whole:  # saved without the shared tensors (_kept_tensors): the server's complete it
+            if self._keeps_whole_model():  # a run whose next rounds did not read them wrote this state
+                log.warning(
+                    "site %s: the saved state holds no embedding (it was saved by a run that did not need "
+                    "it: no local expert, no start_mix); this round's expert and start point take the "
+                    "server's embedding in its place, as in a first round",
+                    self.s.site,
+                )
             last = self._with_shared(last, parameters)
         build = functools.partial(model_for, self.cfg, self.num_classes)
         # Eq. (7): own head (and own integer buffers) from the state, unless the held model is at it
@@ -195,14 +202,8 @@ class FedReIDClient(NumPyClient):
         expert = None
         if self.mode.expert and self.cfg.train.local_expert:  # never in plain fedavg / local (common/config/modes.py)
             # Eq. (10): the model at the end of the previous round (copied in place into a held expert)
-            if not whole:
-                log.warning(
-                    "site %s: the saved state holds no embedding (it was saved by a run without the local "
-                    "expert); the expert starts from this round's model, as in a first round",
-                    self.s.site,
-                )
             expert = self._kept.module("expert", build, fresh=last is None, state=last)
-        self._set_start_point(model, parameters, st)
+        self._set_start_point(model, parameters, last)
         if expert is not None and last is None:  # a site's first round: the model it starts from
             expert.load_state_dict(model.state_dict())
         return model, expert
@@ -234,18 +235,19 @@ class FedReIDClient(NumPyClient):
         full._metadata = getattr(own, "_metadata", None)  # noqa: SLF001
         return full
 
-    def _set_start_point(self, model: ReIDModel, parameters: list[np.ndarray], st: FedReIDSiteState | None) -> None:
-        """Eq. (7)/(15): the embedding from the server; ``local`` mode keeps its own after round 1."""
-        if self.mode.own_embedding and st is not None and st.model is not None:
+    def _set_start_point(self, model: ReIDModel, parameters: list[np.ndarray], last: dict | None) -> None:
+        """Eq. (7)/(15): the embedding from the server; ``local`` mode keeps its own after round 1.
+        ``last``: this site's model at the end of its previous round (None: a first round)."""
+        if self.mode.own_embedding and last is not None:
             return
         set_shared(model, self.manifest, parameters)
         a = self.cfg.train.start_mix
-        if a > 0 and st is not None and st.model is not None:
+        if a > 0 and last is not None:
             # public re-implementation's option: (1-a) * server + a * previous local
             state = model.state_dict()
             with torch.no_grad():
                 for k in self.manifest.keys:
-                    state[k].mul_(1 - a).add_(st.model[k].to(state[k].device), alpha=a)
+                    state[k].mul_(1 - a).add_(last[k].to(state[k].device), alpha=a)
 
     def _label_offset(self, config) -> int:
         """Common head (fedavg): this site's identity j is logit offset + j, the offset sent by the

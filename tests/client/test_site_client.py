@@ -173,24 +173,28 @@ def test_without_a_reader_of_the_whole_model_the_state_keeps_the_head_and_rounds
     assert set(man.keys) < set(st.model)
 
 
-def test_a_head_only_state_read_by_a_run_with_the_expert_starts_the_expert_at_the_rounds_model(
-    tiny_site, tmp_path, monkeypatch, caplog
+@pytest.mark.parametrize("reader", ["expert", "start_mix"])
+def test_a_head_only_state_read_by_a_run_that_needs_the_whole_model_starts_from_the_servers(
+    tiny_site, tmp_path, monkeypatch, caplog, reader
 ):
     no_kd = tiny_config(train={"local_expert": False})
     make_client(no_kd, tiny_site, tmp_path).fit(global_arrays(no_kd), fit_config(no_kd, 1))
-    cfg = tiny_config()
+    cfg = tiny_config() if reader == "expert" else tiny_config(train={"local_expert": False, "start_mix": 0.5})
     seen = {}
     real_train = nc.train_round
 
     def spy(model, expert, *a, **kw):
         seen["model"] = {k: v.clone() for k, v in model.state_dict().items()}
-        seen["expert"] = {k: v.clone() for k, v in expert.state_dict().items()}
+        seen["expert"] = None if expert is None else {k: v.clone() for k, v in expert.state_dict().items()}
         return real_train(model, expert, *a, **kw)
 
     monkeypatch.setattr(nc, "train_round", spy)
+    new_global = global_arrays(cfg, seed=1)
     with caplog.at_level("WARNING", logger="fedclient"):
-        make_client(cfg, tiny_site, tmp_path).fit(global_arrays(cfg, seed=1), fit_config(cfg, 2))
+        make_client(cfg, tiny_site, tmp_path).fit(new_global, fit_config(cfg, 2))
     assert "holds no embedding" in caplog.text
-    assert seen["model"].keys() == seen["expert"].keys()
-    for k, v in seen["model"].items():
-        assert torch.equal(seen["expert"][k], v), k
+    for k, a in zip(expected_manifest(cfg).keys, new_global):  # the server's embedding (a mix with itself)
+        assert torch.equal(seen["model"][k], torch.from_numpy(a)), k
+    if reader == "expert":  # the expert: the round's model, as in a first round
+        for k, v in seen["model"].items():
+            assert torch.equal(seen["expert"][k], v), k
