@@ -120,9 +120,10 @@ def squared_distances(update: list[np.ndarray], reference: list[np.ndarray]) -> 
             out.append(None)
             continue
         d = scratch[: u.size]
-        np.subtract(u.reshape(-1), r.reshape(-1), out=d, dtype=np.float64)
-        np.multiply(d, d, out=d)
-        out.append(float(np.add.reduce(d)))
+        with np.errstate(over="ignore", invalid="ignore"):  # a non-finite term is the caller's to judge
+            np.subtract(u.reshape(-1), r.reshape(-1), out=d, dtype=np.float64)
+            np.multiply(d, d, out=d)
+            out.append(float(np.add.reduce(d)))
     return out
 
 
