@@ -34,7 +34,7 @@ def average(
     Each element's sum runs over the sites in their given order, ``acc += w_k * u_k[i]`` in float64,
     whatever the blocking and the thread count, so the result is bit for bit the plain formula.
     The arrays are summed in blocks of :data:`BLOCK` elements (a block's float64 accumulator stays
-    in cache while every site is added: about 1.7x faster than whole-array passes), the blocks
+    in cache while every site is added: about 1.5x faster than whole-array passes), the blocks
     spread over ``threads`` threads (``server/thread_map.py``). Memory: besides the result, one
     float64 block and one term per thread; ``updates`` may be read-only views on the replies'
     bytes (no copy is made of them).
