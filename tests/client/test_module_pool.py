@@ -2,7 +2,6 @@
 (client/module_pool.py): a reused module is set back to a new one's modes, and every round's update,
 loss and state file are bit for bit those of rounds that build every module anew."""
 
-import dataclasses
 import threading
 
 import numpy as np
@@ -168,7 +167,7 @@ def test_fedfr_site_reuses_its_backbone_copies_with_their_modes_as_deepcopy_give
     for mode in ("pooled", "new"):
         POOL.clear()
         seen.clear()
-        site = Unpacked(FedFRClient(cfg, dataclasses.replace(fedfr_settings(world, tmp_path / mode, "face1"))))
+        site = Unpacked(FedFRClient(cfg, fedfr_settings(world, tmp_path / mode, "face1")))
         out = []
         for rnd in (1, 2, 3):
             if mode == "new":
