@@ -62,6 +62,34 @@ def compose_cli() -> list[str] | None:
     return None
 
 
+# Free disk the build needs under the engine's data root, measured here: a first build (torch's CUDA
+# wheels downloaded and installed in a layer) took the engine from 0.2 to 16.9 GB at its peak and
+# left 6.6 GB; a rebuild on the cached dependency layer adds the source layer and the run's volumes.
+FIRST_BUILD_GB, REBUILD_GB = 20, 4
+
+
+def _image_id(name: str) -> str | None:
+    r = subprocess.run(
+        ["docker", "image", "inspect", "-f", "{{.Id}}", name], capture_output=True, text=True, timeout=60, check=False
+    )
+    return r.stdout.strip() if r.returncode == 0 else None
+
+
+def _disk_short() -> str | None:
+    """Why the build would fill the disk (and fail every later test with it), or None."""
+    r = subprocess.run(
+        ["docker", "info", "-f", "{{.DockerRootDir}}"], capture_output=True, text=True, timeout=30, check=False
+    )
+    root = Path(r.stdout.strip())
+    if r.returncode != 0 or not root.is_dir():  # a remote engine: its disk is not ours to read
+        return None
+    need = REBUILD_GB if _image_id(IMAGE) else FIRST_BUILD_GB
+    free = shutil.disk_usage(root).free / 2**30
+    if free < need:
+        return f"{free:.1f} GB free under {root}; building {IMAGE} needs about {need} GB"
+    return None
+
+
 def _missing() -> str | None:
     if not shutil.which("docker") or not _docker_ok("docker", "info"):
         return "no Docker engine answers (docker/engine.sh starts one, as .ci/run does)"
@@ -69,7 +97,7 @@ def _missing() -> str | None:
         return "neither `docker compose` nor `docker-compose` is installed"
     if not _docker_ok("docker", "image", "inspect", BASE):
         return f"base image {BASE} is missing (docker/base-image.sh makes it)"
-    return None
+    return _disk_short()
 
 
 pytestmark = [pytest.mark.docker, pytest.mark.skipif(_missing() is not None, reason=f"docker: {_missing()}")]
@@ -86,8 +114,12 @@ def ok(cmd: list[str], timeout: float, **kw) -> str:
 
 
 def build_images() -> dict:
-    """Both images on the local base; returns the build seconds and the image size."""
+    """Both images on the local base; returns the build seconds and the image size.
+
+    The images these tags named before are removed once superseded (each rebuild of a changed source
+    tree would otherwise leave a dangling image behind on the machine, run after run)."""
     env = {**os.environ, "DOCKER_BUILDKIT": "0"}  # the classic builder: no BuildKit frontend to pull
+    before = {name: _image_id(name) for name in (IMAGE, PROXY_IMAGE)}
     t0 = time.monotonic()
     ok(
         ["docker", "build", "-f", "docker/Dockerfile", "--build-arg", f"BASE_IMAGE={BASE}", "-t", IMAGE, "."],
@@ -103,6 +135,9 @@ def build_images() -> dict:
         env=env,
     )
     size = int(ok(["docker", "image", "inspect", "-f", "{{.Size}}", IMAGE], 60))
+    for name, old in before.items():
+        if old is not None and old != _image_id(name):
+            sh(["docker", "image", "rm", old], 120)  # refused (and left) if a container still uses it
     return {"build_s": round(seconds, 1), "image_bytes": size}
 
 

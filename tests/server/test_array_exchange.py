@@ -97,7 +97,7 @@ class FakeGrid(Grid):
     def send_and_receive(self, messages, *, timeout=None):
         replies = []
         if self.folder is not None:  # the exchange's files while the messages are in flight
-            self.listings.append(sorted(p.read_bytes() for p in self.folder.iterdir()))
+            self.listings.append(sorted(read_live(self.folder)))
         for m in messages:
             self.crossed.append(sum(len(a.data) for r in m.content.array_records.values() for a in r.values()))
             reply = array_exchange_mod(
@@ -111,6 +111,19 @@ class FakeGrid(Grid):
 def live(folder: Path) -> list[Path]:
     """The exchange's files in use (not the free ones, kept to be rewritten)."""
     return sorted(p for p in folder.iterdir() if not p.name.startswith(FREE_PREFIX))
+
+
+def read_live(folder: Path) -> list[bytes]:
+    """The contents of the files in use. Concurrent sends rename files while this lists them (a
+    read reply becomes a free file, a free file a new reply): a file gone since the listing is
+    skipped, as it was not in use any more."""
+    out = []
+    for p in live(folder):
+        try:
+            out.append(p.read_bytes())
+        except FileNotFoundError:
+            continue
+    return out
 
 
 def message(data: bytes, node: int) -> Message:
