@@ -128,8 +128,7 @@ def convert_trusted(path: str | Path) -> None:
     atomic_torch_save(obj, path)
 
 
-def save_global_checkpoint(
-    path: str | Path,
+def global_checkpoint(
     *,
     keys: list[str],
     arrays: list,
@@ -137,19 +136,25 @@ def save_global_checkpoint(
     manifest_hash: str,
     config: dict,
     extra: dict | None = None,
-) -> None:
-    """The global model as named tensors (``state_dict_shared``) + what produced it."""
-    state = {k: torch.from_numpy(a.copy()) for k, a in zip(keys, arrays)}
-    atomic_torch_save(
+) -> dict:
+    """The global model as named tensors (``state_dict_shared``) + what produced it, as the plain
+    object a checkpoint file holds: a snapshot (its own copies of the arrays and containers), which
+    may be written later, on another thread, whatever the caller changes meanwhile."""
+    state = {k: torch.from_numpy(np.array(a, copy=True)) for k, a in zip(keys, arrays)}
+    return to_plain(
         {
             "state_dict_shared": state,
             "round": server_round,
             "manifest_hash": manifest_hash,
             "config": config,
             **(extra or {}),
-        },
-        path,
+        }
     )
+
+
+def save_global_checkpoint(path: str | Path, **fields: Any) -> None:
+    """:func:`global_checkpoint` written atomically to ``path``."""
+    atomic_torch_save(global_checkpoint(**fields), path)
 
 
 def main(argv: list[str] | None = None) -> int:

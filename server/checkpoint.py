@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from common.checkpoint import save_global_checkpoint, torch_load
+from common.checkpoint import atomic_torch_save, global_checkpoint, torch_load
 
 CHECKPOINT = "global_latest.pt"
 # version of the checkpoint's keys: 2 = tensors and plain values only (weights-only load, RNG states
@@ -53,10 +53,10 @@ def restore_rng(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
 
 
-def save_server_checkpoint(path: str | Path, ck: ServerCheckpoint) -> None:
-    """One atomic write of everything needed to continue after round ``ck.round``."""
-    save_global_checkpoint(
-        path,
+def server_checkpoint(ck: ServerCheckpoint) -> dict:
+    """Everything needed to continue after round ``ck.round``, as the plain object the file holds
+    (a snapshot: :func:`common.checkpoint.global_checkpoint`)."""
+    return global_checkpoint(
         keys=ck.keys,
         arrays=ck.arrays,
         server_round=ck.round,
@@ -70,6 +70,11 @@ def save_server_checkpoint(path: str | Path, ck: ServerCheckpoint) -> None:
             "elapsed_s": ck.elapsed_s,
         },
     )
+
+
+def save_server_checkpoint(path: str | Path, ck: ServerCheckpoint) -> None:
+    """One atomic write of everything needed to continue after round ``ck.round``."""
+    atomic_torch_save(server_checkpoint(ck), path)
 
 
 def load_server_checkpoint(path: str | Path) -> ServerCheckpoint:

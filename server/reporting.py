@@ -1,18 +1,27 @@
 """The coordinator's end-of-round report, the same for every task: evaluate, checkpoint
 (``server/checkpoint.py``), write ``metrics.{json,csv}`` and print one progress line; after the last
-round ``global_final.pt``, ``curves.png`` and ``status.json``."""
+round ``global_final.pt``, ``curves.png`` and ``status.json``.
+
+A round's checkpoint is a snapshot taken at the report and written by one writer thread while the
+next round goes on (the sites wait for no file: 0.07-0.2 s a round for a ResNet-18 here). The
+writes keep their order; the next report waits for the previous write and raises its error, if
+any, and the last round's report waits for its own before ``global_final.pt`` is written. A
+coordinator killed while a write is under way keeps the previous round's checkpoint (the write is
+atomic), as it does when killed during the round.
+"""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 
-from common.checkpoint import atomic_json_save, save_global_checkpoint
+from common.checkpoint import atomic_json_save, atomic_torch_save, save_global_checkpoint
 from common.config.experiment import ExperimentConfig
 from common.processes import rss_mb
-from server.checkpoint import CHECKPOINT, ServerCheckpoint, capture_rng, save_server_checkpoint
+from server.checkpoint import CHECKPOINT, ServerCheckpoint, capture_rng, server_checkpoint
 from server.metrics_log import MetricsLog
 from server.strategy import RoundRecord
 
@@ -40,6 +49,14 @@ class RoundReporter:
         self.t0 = time.time() - elapsed_s
         self.embedding_init = embedding_init  # imagenet | file:<path> | random, recorded with round 0
         self.strategy_state: Callable[[], dict] = dict  # set by server_fn: what the checkpoint keeps of the strategy
+        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint")
+        self._pending: Future | None = None
+
+    def flush(self) -> None:
+        """Wait until the last round's checkpoint is on disk; a failed write raises here."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.result()
 
     def __call__(self, rnd: int, arrays: list[np.ndarray], site_models: dict | None, rec: RoundRecord) -> dict:
         row: dict = {"round": rnd, "elapsed_s": round(time.time() - self.t0, 2), "server_rss_mb": _rss_mb()}
@@ -67,9 +84,9 @@ class RoundReporter:
         if self.score is not None and every > 0 and (rnd % every == 0 or rnd == self.cfg.rounds):
             row |= self._evaluate(arrays, site_models)
         self.metrics.add(row)
-        # everything needed to continue after this round, in one atomic write (server/resume.py)
-        save_server_checkpoint(
-            self.run_dir / CHECKPOINT,
+        # everything needed to continue after this round (server/resume.py): a snapshot now, one
+        # atomic write on the writer thread
+        snapshot = server_checkpoint(
             ServerCheckpoint(
                 round=rnd,
                 keys=self.keys,
@@ -82,6 +99,8 @@ class RoundReporter:
                 elapsed_s=time.time() - self.t0,
             ),
         )
+        self.flush()
+        self._pending = self._writer.submit(atomic_torch_save, snapshot, self.run_dir / CHECKPOINT)
         shown = {
             k: v
             for k, v in row.items()
@@ -104,6 +123,7 @@ class RoundReporter:
         return summarize_sites({s: self.score(a) for s, a in sorted(site_models.items())})
 
     def finish(self, arrays: list[np.ndarray]) -> None:
+        self.flush()
         save_global_checkpoint(
             self.run_dir / "global_final.pt",
             keys=self.keys,

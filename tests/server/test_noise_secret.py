@@ -92,6 +92,7 @@ def test_resume_from_the_checkpoint_reproduces_the_noise_exactly(tmp_path):
     reporter = RoundReporter(cfg, None, list(MAN.keys), MAN.hash)
     reporter.strategy_state = first.checkpoint_state
     reporter(1, arrays(0.5), None, RoundRecord(1))  # the checkpoint after round 1
+    reporter.flush()  # written on the reporter's writer thread
     ck = load_server_checkpoint(cfg.resolved_run_dir() / CHECKPOINT)
     assert run_noise_secret(ck) == first.noise_secret
     resumed = build(cfg, ck)
