@@ -47,6 +47,10 @@ BUILD_TIMEOUT_S = 2400  # the first build downloads torch (several GB); later bu
 RUN_TIMEOUT_S = 900
 
 
+def sh(cmd: list[str], timeout: float, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False, **kw)
+
+
 def _docker_ok(*cmd: str) -> bool:
     try:
         return subprocess.run(list(cmd), capture_output=True, timeout=30, check=False).returncode == 0
@@ -69,17 +73,13 @@ FIRST_BUILD_GB, REBUILD_GB = 20, 4
 
 
 def _image_id(name: str) -> str | None:
-    r = subprocess.run(
-        ["docker", "image", "inspect", "-f", "{{.Id}}", name], capture_output=True, text=True, timeout=60, check=False
-    )
+    r = sh(["docker", "image", "inspect", "-f", "{{.Id}}", name], 60)
     return r.stdout.strip() if r.returncode == 0 else None
 
 
 def _disk_short() -> str | None:
     """Why the build would fill the disk (and fail every later test with it), or None."""
-    r = subprocess.run(
-        ["docker", "info", "-f", "{{.DockerRootDir}}"], capture_output=True, text=True, timeout=30, check=False
-    )
+    r = sh(["docker", "info", "-f", "{{.DockerRootDir}}"], 30)
     root = Path(r.stdout.strip())
     if r.returncode != 0 or not root.is_dir():  # a remote engine: its disk is not ours to read
         return None
@@ -100,11 +100,8 @@ def _missing() -> str | None:
     return _disk_short()
 
 
-pytestmark = [pytest.mark.docker, pytest.mark.skipif(_missing() is not None, reason=f"docker: {_missing()}")]
-
-
-def sh(cmd: list[str], timeout: float, **kw) -> subprocess.CompletedProcess:
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False, **kw)
+MISSING = _missing()  # asked once: each check runs docker commands
+pytestmark = [pytest.mark.docker, pytest.mark.skipif(MISSING is not None, reason=f"docker: {MISSING}")]
 
 
 def ok(cmd: list[str], timeout: float, **kw) -> str:
