@@ -34,10 +34,10 @@ test: install
 test-fast: install  ## everything but tests/e2e/ (real Flower processes, Ray, docker)
 	$(BIN)/python -m pytest -q -m "not e2e"
 
-lint: install  ## ruff (rules in pyproject.toml), ruff format, and no import cycle between the project's modules
+lint: install  ## ruff (rules in pyproject.toml), ruff format, and the layering contracts of pyproject.toml (import-linter)
 	$(BIN)/ruff check client server common tests benchmarks .ci
 	$(BIN)/ruff format --check client server common tests benchmarks .ci
-	$(BIN)/python .ci/import_cycles.py
+	$(BIN)/lint-imports
 
 bench: install
 	$(BIN)/python benchmarks/round_overhead.py
