@@ -14,6 +14,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -39,6 +40,17 @@ TINY = [
     "eval.every=0",
     "wait_for_sites_s=240",
 ]
+
+
+def tiny_fedfr_demo(out: Path, timeout_s: int = 420) -> list[str]:
+    """The FedFR demo (pre-training, real SuperLink + 2 sites, evaluation) at its smallest: 1 round, 16x16 faces."""
+    args = ["--out", str(out), "--sites", "face1", "face2", "--public-ids", "6", "--public-images", "4"]
+    args += ["--ids-per-site", "3", "--train", "4", "--test", "2", "--ijbc-subjects", "4", "--size", "16"]
+    args += ["--timeout", str(timeout_s)]
+    overrides = ["rounds=1", "fedfr.embedding_dim=16", "fedfr.pretrain_epochs=1", "fedfr.pretrain_batch_size=8"]
+    overrides += ["fedfr.local_epochs=1", "fedfr.batch_size=4", "eval.batch_size=32"]
+    overrides += ["wait_for_sites_s=120", "round_timeout_s=180"]
+    return [sys.executable, "-m", "server.fedfr.demo", *args, *overrides]
 
 
 class Federation:

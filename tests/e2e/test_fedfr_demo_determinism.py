@@ -8,12 +8,12 @@ from __future__ import annotations
 import json
 import os
 import re
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
+from tests.federation import tiny_fedfr_demo
 from tests.procutil import processes_mentioning, run_to_end
 
 REPO = Path(__file__).resolve().parents[2]
@@ -22,41 +22,7 @@ _VARIES = re.compile(r"(time|seconds|wall|_s$|rss|memory|pid)", re.IGNORECASE)
 
 
 def _demo(out: Path, threads: str, tmp_path: Path) -> tuple[list, dict]:
-    cmd = [
-        sys.executable,
-        "-m",
-        "server.fedfr.demo",
-        "--out",
-        str(out),
-        "--sites",
-        "face1",
-        "face2",
-        "--public-ids",
-        "6",
-        "--public-images",
-        "4",
-        "--ids-per-site",
-        "3",
-        "--train",
-        "4",
-        "--test",
-        "2",
-        "--ijbc-subjects",
-        "4",
-        "--size",
-        "16",
-        "--timeout",
-        "420",
-        "rounds=1",
-        "fedfr.embedding_dim=16",
-        "fedfr.pretrain_epochs=1",
-        "fedfr.pretrain_batch_size=8",
-        "fedfr.local_epochs=1",
-        "fedfr.batch_size=4",
-        "eval.batch_size=32",
-        "wait_for_sites_s=120",
-        "round_timeout_s=180",
-    ]
+    cmd = tiny_fedfr_demo(out)
     env = {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
     old = {k: os.environ.get(k) for k in env}
     os.environ.update(env)  # inherited by fedserver, the ServerApp and the sites

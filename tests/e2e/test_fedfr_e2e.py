@@ -1,13 +1,13 @@
 """End to end: pre-training, a real SuperLink + 2 real FedFR sites for 1 round, then the evaluation."""
 
 import json
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from common.checkpoint import torch_load
+from tests.federation import tiny_fedfr_demo
 from tests.procutil import processes_mentioning, run_to_end
 
 REPO = Path(__file__).resolve().parents[2]
@@ -21,41 +21,7 @@ def test_fedfr_two_sites_one_round(tmp_path):
     out.mkdir()
     (out / "status.json").write_text(json.dumps({"status": "completed", "rounds": 4}))
     (out / "global_latest.pt").write_bytes(b"an earlier run's checkpoint")
-    cmd = [
-        sys.executable,
-        "-m",
-        "server.fedfr.demo",
-        "--out",
-        str(out),
-        "--sites",
-        "face1",
-        "face2",
-        "--public-ids",
-        "6",
-        "--public-images",
-        "4",
-        "--ids-per-site",
-        "3",
-        "--train",
-        "4",
-        "--test",
-        "2",
-        "--ijbc-subjects",
-        "4",
-        "--size",
-        "16",
-        "--timeout",
-        "420",
-        "rounds=1",
-        "fedfr.embedding_dim=16",
-        "fedfr.pretrain_epochs=1",
-        "fedfr.pretrain_batch_size=8",
-        "fedfr.local_epochs=1",
-        "fedfr.batch_size=4",
-        "eval.batch_size=32",
-        "wait_for_sites_s=120",
-        "round_timeout_s=180",
-    ]
+    cmd = tiny_fedfr_demo(out)
     code, output = run_to_end(cmd, cwd=REPO, marker=str(tmp_path), timeout_s=540)
     assert code == 0, output[-4000:]
     pre = torch_load(out / "pretrained.pt")
