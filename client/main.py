@@ -33,6 +33,7 @@ from common import processes
 from common.config.compose import site_names
 from common.config.experiment import TrainConfig
 from common.config.site import SiteConfig, default_state_dir, load_site
+from common.config.structured import ConfigError
 from common.datasets import FACE_READERS, READERS, build_reader
 from common.datasets.base import DatasetLayoutError
 from common.datasets.verify import site_records, verify_report
@@ -48,7 +49,10 @@ A site key for node authentication: `fedclient keygen --site NAME` (then --auth-
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="fedclient", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="fedclient",
+        usage="%(prog)s --site SITE [options]\n       %(prog)s keygen --site SITE [options]  (a site key; keygen --help)",
+        description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--site", required=True, help=f"site name, one of conf/site/*.yaml: {', '.join(site_names())}")
     p.add_argument("--superlink", default="127.0.0.1:9092", help="coordinator address HOST:PORT (default %(default)s)")
@@ -133,13 +137,13 @@ def supernode_cmd(a: argparse.Namespace, settings: SiteConfig, superexec_secret:
         cmd.append("--insecure")
     elif a.root_certificates:
         if not Path(a.root_certificates).is_file():
-            raise SystemExit(f"fedclient: --root-certificates: file not found: {a.root_certificates}")
+            raise ConfigError(f"--root-certificates: file not found: {a.root_certificates}")
         cmd += ["--root-certificates", a.root_certificates]
     else:
         raise SystemExit("fedclient: give --root-certificates CA.crt for TLS, or --insecure for plain text")
     if a.auth_key:
         if not Path(a.auth_key).is_file():
-            raise SystemExit(f"fedclient: --auth-key: file not found: {a.auth_key}")
+            raise ConfigError(f"--auth-key: file not found: {a.auth_key}")
         cmd += ["--auth-supernode-private-key", a.auth_key]
     return cmd
 
@@ -154,7 +158,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         site = load_site(a.site)
     except ValueError as e:
-        raise SystemExit(f"fedclient: {e}") from None
+        raise ConfigError(str(e)) from None
     public_root = a.public_root or site.public_root
     settings = SiteConfig(  # the operator's options over conf/site/<site>.yaml
         site=a.site,
@@ -171,7 +175,7 @@ def main(argv: list[str] | None = None) -> None:
         # a FedFR face site (identity folders) summarises itself; a Re-ID reader its splits
         summary = data.summary() if reader in FACE_READERS else data.splits.summary()
     except (DatasetLayoutError, ValueError) as e:
-        raise SystemExit(f"fedclient: site {a.site}: {e}") from None
+        raise ConfigError(f"site {a.site}: {e}") from None
     print(f"fedclient: site {a.site}: {summary}", flush=True)
     if a.verify_images:  # check the data and exit: the operator's step before joining
         code, report = verify_report(a.site, [r.path for r in site_records(data)])
@@ -266,7 +270,7 @@ def launcher_cmd(runtime_api_address: str, secret: Path) -> list[str]:
 def check_one_batch(site: str, num_train: int, batch_size: int) -> None:
     """Local training drops the last incomplete batch: fewer images than one batch never trains."""
     if batch_size < 1:
-        raise SystemExit(f"fedclient: --batch-size must be >= 1, found {batch_size}")
+        raise ConfigError(f"--batch-size must be >= 1, found {batch_size}")
     if num_train < batch_size:
         raise SystemExit(
             f"fedclient: site {site}: {num_train} training images is fewer than one batch "
@@ -276,4 +280,6 @@ def check_one_batch(site: str, num_train: int, batch_size: int) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from common.cli_errors import run_cli
+
+    run_cli("fedclient", main)

@@ -29,4 +29,6 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from common.cli_errors import run_cli
+
+    run_cli("fedeval", main)

@@ -16,14 +16,13 @@ import time
 from pathlib import Path
 from typing import Protocol
 
-import yaml
-
 from common import processes
 from common.checkpoint import UnsafeCheckpointError
-from common.config.compose import compose_experiment, merge_overrides
+from common.config.compose import compose_experiment
 from common.config.experiment import ExperimentConfig
 from common.config.run import ENV as SERVERAPP_ENV
 from common.config.run import site_run_config, write_serverapp_config
+from common.config.structured import ConfigError
 from common.writable import NotWritableError, check_writable
 from server import admin
 from server.resume import announce_resume, resume_config, retire_previous_run
@@ -44,7 +43,9 @@ Groups:  experiment=fedreid|demo|fedfr|fedfr-demo   model=resnet50|resnet18
 FedFR:   fedserver experiment=fedfr fedfr.stage=pretrain fedfr.public_root=DIR   (Theta_g^0, Phi_g)
          fedserver experiment=fedfr fedfr.public_root=DIR sites=[face1,...]      (the federated run)
          every fedfr.* key is documented in common/config/fedfr.py; sites: fedclient --site face1
-Options: --help (this text), --cfg (print the composed config and exit)
+Options: --help (this text), --debug (a traceback instead of the one-line error)
+Config:  fedserver show-config [KEY=VALUE ...]  prints the composed configuration (also: --cfg job);
+         every key with its default and meaning: docs/configuration.md
 TLS:     superlink.ca_cert=ca.crt superlink.cert=server.pem superlink.key=server.key
          (plain text needs an explicit superlink.insecure=true and prints a warning)
 Sites:   superlink.node_auth=true superlink.site_keys=DIR: only registered site keys may join
@@ -54,8 +55,6 @@ Resume:  fedserver resume=RUN_DIR [superlink.*=... round_timeout_s=... wait_for_
          round) with RUN_DIR/config.json. Then restart every site's fedclient: the new SuperLink
          does not know their nodes (unless superlink.persist_state=true, where sites still
          retrying, --max-wait-time, carry on by themselves)
-
-Every key, with its paper default (the dataclasses of common/config/ under conf/config.yaml):
 """
 
 
@@ -317,13 +316,16 @@ def main(argv: list[str] | None = None) -> None:
     if args and args[0] in admin.SUBCOMMANDS:  # certs, register-site, list-sites, unregister-site
         sys.exit(admin.SUBCOMMANDS[args[0]](args[1:]))
     if any(a in ("-h", "--help") for a in args):
-        print(USAGE + yaml.safe_dump(merge_overrides().to_dict(), sort_keys=False))
+        print(USAGE, end="")
         return
-    show = "--cfg" in args
-    args = [a for a in args if a != "--cfg"]
+    show = "--cfg" in args or args[:1] == ["show-config"]
+    if "--cfg" in args:  # Hydra's spelling: --cfg job (the only kind of config this command has)
+        i = args.index("--cfg")
+        args = args[:i] + args[i + 1 + (args[i + 1 : i + 2] == ["job"]) :]
+    args = [a for a in args if a != "show-config"]
     bad = [a for a in args if a.startswith("-")]
     if bad:
-        raise SystemExit(f"fedserver: unknown option(s) {bad}; configuration is given as KEY=VALUE (see --help)")
+        raise ConfigError(f"unknown option(s) {bad}; configuration is given as KEY=VALUE (see --help)")
     resume = [a for a in args if a.startswith("resume=")]
     try:
         if resume:  # fedserver resume=RUN_DIR [operational overrides]
@@ -332,8 +334,8 @@ def main(argv: list[str] | None = None) -> None:
             cfg = compose_experiment(args)
     except UnsafeCheckpointError as e:  # resume=RUN_DIR with a crafted or older checkpoint
         raise SystemExit(f"fedserver: {e}") from None
-    except Exception as e:  # noqa: BLE001 -- hydra and validation errors: one clear line, no traceback
-        raise SystemExit(f"fedserver: bad configuration: {e}") from None
+    except ValueError as e:  # hydra and validation errors: one clear line (common/cli_errors.py), exit 2
+        raise ConfigError(f"bad configuration: {e}") from None
     if show:
         print(json.dumps(cfg.to_dict(), indent=2))
         return
@@ -345,4 +347,6 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from common.cli_errors import run_cli
+
+    run_cli("fedserver", main)

@@ -176,6 +176,7 @@ def main(argv: list[str] | None = None) -> None:
     if "experiment=fedfr-demo" in argv:  # the FedFR demo, same options
         return fedfr_main([a for a in argv if a != "experiment=fedfr-demo"])
     a, overrides = parse_args(argv)
+    compose_experiment(["experiment=demo", *overrides])  # a wrong key or value: one line, before any data is written
     out = Path(a.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     data_dir = Path(a.data_dir).resolve() if a.data_dir else out / "data"
@@ -202,4 +203,6 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from common.cli_errors import run_cli
+
+    run_cli("fedsim", main)

@@ -36,11 +36,12 @@ import sys
 import time
 from pathlib import Path
 
+import yaml
 from omegaconf import OmegaConf
 
 from common import processes
 from common.checkpoint import atomic_json_save
-from common.config.compose import REPO_ROOT
+from common.config.compose import REPO_ROOT, conf_dir
 from server.study_results import curve, final_metrics, write_results
 
 STUDY_DIR = REPO_ROOT / "conf" / "study"
@@ -147,9 +148,22 @@ def collect(study: dict, out: Path, variants: list[str]) -> dict:
     return write_results(out, study, per_run, curves)
 
 
+def studies_listing() -> str:
+    """The studies of conf/study/ with their descriptions' first line, for --help."""
+    lines = ["studies (conf/study/):"]
+    for path in sorted((conf_dir() / "study").glob("*.yaml")):
+        text = " ".join(str((yaml.safe_load(path.read_text()) or {}).get("description", "")).split())
+        first = text.split(". ")[0].split(": ")[0]
+        lines.append(f"  {path.stem:<22} {first[:90]}")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(
-        prog="fedstudy", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="fedstudy",
+        description=__doc__,
+        epilog=studies_listing(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("study", help="a name under conf/study/ or a path to a study YAML file")
     p.add_argument("--out", default=None, help="study folder (default runs/study/<name>)")
@@ -175,4 +189,6 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from common.cli_errors import run_cli
+
+    run_cli("fedstudy", main)

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from common.config.experiment import ExperimentConfig
-from common.config.structured import config_error, schema
+from common.config.structured import ConfigError, config_error, schema
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SCHEMA = "experiment_schema"  # ConfigStore name of ExperimentConfig (conf/config.yaml's first default)
@@ -40,7 +40,7 @@ def merge_overrides(overrides: list[str] | None = None, saved: Mapping[str, Any]
     from hydra import compose, initialize_config_dir
     from hydra.core.config_store import ConfigStore
     from hydra.core.global_hydra import GlobalHydra
-    from hydra.errors import HydraException
+    from hydra.errors import HydraException, MissingConfigException
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
@@ -57,11 +57,26 @@ def merge_overrides(overrides: list[str] | None = None, saved: Mapping[str, Any]
     try:
         with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
             cfg = compose(config_name=name, overrides=overrides)
+    except MissingConfigException as e:  # experiment=NAME (or another group) with no such file
+        raise missing_option_error(e) from None
     except HydraException as e:
         if isinstance(e.__cause__, OmegaConfBaseException):
             raise config_error(e.__cause__) from None
-        raise
+        raise ConfigError(f"config: {one_line_hydra(e)}") from None
     return ExperimentConfig.from_dict(OmegaConf.to_container(cfg, resolve=True))  # type: ignore[arg-type]
+
+
+def missing_option_error(e) -> ConfigError:
+    """Hydra's "Could not find 'experiment/nope'" with its option list, as one line."""
+    group, _, name = str(e.missing_cfg_file or "").rpartition("/")
+    options = ", ".join(sorted(e.options or []))
+    if group:
+        return ConfigError(f"config: unknown {group} {name!r}; expected one of: {options}")
+    return ConfigError(f"config: {one_line_hydra(e)}")
+
+
+def one_line_hydra(e: Exception) -> str:
+    return "; ".join(ln.strip() for ln in str(e).splitlines() if ln.strip())
 
 
 def compose_experiment(overrides: list[str] | None = None) -> ExperimentConfig:

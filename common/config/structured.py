@@ -40,15 +40,19 @@ def build(cls: type[T], d: Any, key: str = "") -> T:
         raise config_error(e, key) from None
 
 
-def config_error(e: OmegaConfBaseException, key: str = "") -> ValueError:
+class ConfigError(ValueError):
+    """A configuration that does not fit the schema: unknown key, wrong type, unknown group option."""
+
+
+def config_error(e: OmegaConfBaseException, key: str = "") -> ConfigError:
     """OmegaConf's multi-line error as ``config KEY: ...`` in one line (``key``: the prefix of ``e``'s)."""
     full = ".".join(k for k in (key, e.full_key) if k) or "<root>"
     msg = str(getattr(e, "msg", "") or e).splitlines()[0]
     if isinstance(e, ConfigKeyError | ConfigAttributeError) and " not in " in msg:
         parent, _, leaf = full.rpartition(".")
         valid = [f.name for f in dataclasses.fields(e.object_type)] if dataclasses.is_dataclass(e.object_type) else []
-        return ValueError(f"config {parent or '<root>'}: unknown key(s) [{leaf!r}]; valid: {sorted(valid)}")
+        return ConfigError(f"config {parent or '<root>'}: unknown key(s) [{leaf!r}]; valid: {sorted(valid)}")
     m = _CONVERSION.fullmatch(msg)
     if m:
-        return ValueError(f"config {full}: expected {m['to'].lower()}, found {m['value']!r} ({m['type']})")
-    return ValueError(f"config {full}: {msg}")
+        return ConfigError(f"config {full}: expected {m['to'].lower()}, found {m['value']!r} ({m['type']})")
+    return ConfigError(f"config {full}: {msg}")

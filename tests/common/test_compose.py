@@ -73,7 +73,7 @@ def test_services_are_the_coordinator_its_proxy_and_the_four_configured_sites(co
 def test_commands_use_real_entry_points(compose, scripts):
     for name, s in project_services(compose).items():
         assert s["command"][0] in scripts, f"{name}: {s['command'][0]} is not in [project.scripts]"
-    assert scripts["fedserver"] == "server.main:main" and scripts["fedclient"] == "client.main:main"
+    assert scripts["fedserver"] == "server.cli:fedserver" and scripts["fedclient"] == "client.cli:fedclient"
     health = compose["services"]["superlink"]["healthcheck"]["test"]
     assert health[0] == "CMD" and health[1] in scripts
 

@@ -1,0 +1,31 @@
+"""The coordinator's console scripts (pyproject.toml), each through the one error path of
+``common/cli_errors.py``: an expected failure is one line and exit code 2 (usage, configuration,
+data) or 1 (run time); ``--debug`` shows the traceback."""
+
+from __future__ import annotations
+
+from common.cli_errors import run_cli
+
+
+def fedserver() -> None:
+    from server.main import main
+
+    run_cli("fedserver", main)
+
+
+def fedsim() -> None:
+    from server.sim import main
+
+    run_cli("fedsim", main)
+
+
+def fedeval() -> None:
+    from server.fedeval import main
+
+    run_cli("fedeval", main)
+
+
+def fedstudy() -> None:
+    from server.study import main
+
+    run_cli("fedstudy", main)
