@@ -8,17 +8,21 @@ from pathlib import Path
 from typing import Any
 
 from common.checkpoint import atomic_json_save, atomic_write_bytes
+from server.tensorboard_log import TensorBoardLog
 
 
 class MetricsLog:
-    def __init__(self, run_dir: str | Path, rows: list[dict[str, Any]] | None = None):
+    def __init__(self, run_dir: str | Path, rows: list[dict[str, Any]] | None = None, *, tensorboard: bool = False):
         self.run_dir = Path(run_dir)
         self.rows: list[dict[str, Any]] = list(rows or [])
+        self.tensorboard = TensorBoardLog(self.run_dir) if tensorboard else None
 
     def add(self, row: dict[str, Any]) -> None:
         self.rows = [r for r in self.rows if r["round"] != row["round"]] + [row]
         self.rows.sort(key=lambda r: r["round"])
         self.write()
+        if self.tensorboard is not None:
+            self.tensorboard.add(row)
 
     def write(self) -> None:
         atomic_json_save(self.rows, self.run_dir / "metrics.json")

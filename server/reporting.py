@@ -45,7 +45,8 @@ class RoundReporter:
         self.score = score
         self.keys = keys
         self.manifest_hash = manifest_hash
-        self.metrics = MetricsLog(self.run_dir, metrics_rows)  # a resumed run continues the history
+        # a resumed run continues the history
+        self.metrics = MetricsLog(self.run_dir, metrics_rows, tensorboard=cfg.eval.tensorboard)
         self.t0 = time.time() - elapsed_s
         self.embedding_init = embedding_init  # imagenet | file:<path> | random, recorded with round 0
         self.strategy_state: Callable[[], dict] = dict  # set by server_fn: what the checkpoint keeps of the strategy

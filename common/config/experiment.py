@@ -138,6 +138,7 @@ class EvalConfig:
     max_rank: int = 10
     device: str = "cpu"
     linear_probe: bool = False  # also a softmax probe's accuracy (gallery -> query) per target
+    tensorboard: bool = True  # every round's metrics also as TensorBoard scalars in RUN_DIR/tensorboard/
     # name -> TargetConfig (typed in __post_init__: `++eval.targets.NAME.root=...` adds a plain mapping)
     targets: dict[str, Any] = field(default_factory=dict)
 

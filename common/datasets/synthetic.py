@@ -19,6 +19,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+from common.progress import Progress
+
 PATTERNS = ("solid", "hstripes", "vstripes", "checker")
 
 
@@ -174,21 +176,23 @@ def write_market_layout(
         Image.fromarray(arr).save(folder / market_name(pid, cam, 1, frame, 1), quality=95)
 
     pids = np.arange(1, num_train_ids + num_test_ids + 1)
-    for i, pid in enumerate(pids):
-        ident = make_identity(id_rng)
-        cams = rng.choice(num_cams, size=min(num_cams, max(2, images_per_id // 2)), replace=False)
-        is_train = i < num_train_ids
-        queried: set[int] = set()
-        for k in range(images_per_id):
-            cam = int(cams[k % len(cams)])
-            arr = render_person(ident, domain, cam, rng, height, width)
-            if is_train:
-                save(dirs["bounding_box_train"], int(pid), cam, arr)
-            elif cam not in queried and len(queried) < 2:
-                queried.add(cam)
-                save(dirs["query"], int(pid), cam, arr)
-            else:
-                save(dirs["bounding_box_test"], int(pid), cam, arr)
+    with Progress(f"synthetic data {Path(out_dir).name} (identities)", len(pids)) as bar:
+        for i, pid in enumerate(pids):
+            ident = make_identity(id_rng)
+            cams = rng.choice(num_cams, size=min(num_cams, max(2, images_per_id // 2)), replace=False)
+            is_train = i < num_train_ids
+            queried: set[int] = set()
+            for k in range(images_per_id):
+                cam = int(cams[k % len(cams)])
+                arr = render_person(ident, domain, cam, rng, height, width)
+                if is_train:
+                    save(dirs["bounding_box_train"], int(pid), cam, arr)
+                elif cam not in queried and len(queried) < 2:
+                    queried.add(cam)
+                    save(dirs["query"], int(pid), cam, arr)
+                else:
+                    save(dirs["bounding_box_test"], int(pid), cam, arr)
+            bar.advance()
     for pid, n in ((0, num_distractors), (-1, num_junk)):
         for _ in range(n):
             cam = int(rng.integers(num_cams))

@@ -30,6 +30,7 @@ from common.datasets.face_folder import FaceFolder
 from common.datasets.face_images import FaceImages, face_transform
 from common.losses.cosface import CosFaceLoss
 from common.models.fedfr import FedFRModel, fedfr_model
+from common.progress import Progress
 from common.seeding import seed_everything, stable_seed
 
 log = logging.getLogger("fedserver")
@@ -92,50 +93,52 @@ def pretrain(
         num_workers=num_workers,
     )
     history, global_step = [], 0
-    for epoch in range(1, f.pretrain_epochs + 1):
-        t0, total, correct, seen, steps = time.perf_counter(), 0.0, 0, 0, 0
-        norm_sum, norm_max, lr = 0.0, 0.0, pretrain_lr(f, epoch, global_step)
-        model.train()
-        for x, y, _ in loader:
-            x, y = x.to(device), y.to(device)
-            lr = pretrain_lr(f, epoch, global_step)
-            for group in opt.param_groups:
-                group["lr"] = lr
-            feats = model.backbone(x)
-            loss = loss_fn(feats, y, model.public_proxies)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            if f.pretrain_max_grad_norm > 0:
-                torch.nn.utils.clip_grad_norm_(params, f.pretrain_max_grad_norm)
-            opt.step()
-            global_step += 1
-            with torch.no_grad():
-                norms = feats.detach().norm(dim=1)
-                norm_sum += float(norms.sum())
-                norm_max = max(norm_max, float(norms.max()))
-            with torch.no_grad():
-                pred = (
-                    torch.nn.functional.normalize(feats, dim=1)
-                    @ torch.nn.functional.normalize(model.public_proxies, dim=1).T
-                ).argmax(1)
-            total += loss.item()
-            correct += int((pred == y).sum())
-            seen += len(y)
-            steps += 1
-        # lr: of the epoch's last step; feature norms |Theta(x)| before the step (mean, max)
-        row = {
-            "epoch": epoch,
-            "loss": total / max(steps, 1),
-            "acc": correct / max(seen, 1),
-            "lr": lr,
-            "feature_norm": norm_sum / max(seen, 1),
-            "feature_norm_max": norm_max,
-            "steps": steps,
-            "seconds": time.perf_counter() - t0,
-        }
-        history.append(row)
-        if on_epoch is not None:
-            on_epoch(row)
+    with Progress("fedfr pretrain (steps)", f.pretrain_epochs * len(loader)) as bar:
+        for epoch in range(1, f.pretrain_epochs + 1):
+            t0, total, correct, seen, steps = time.perf_counter(), 0.0, 0, 0, 0
+            norm_sum, norm_max, lr = 0.0, 0.0, pretrain_lr(f, epoch, global_step)
+            model.train()
+            for x, y, _ in loader:
+                x, y = x.to(device), y.to(device)
+                lr = pretrain_lr(f, epoch, global_step)
+                for group in opt.param_groups:
+                    group["lr"] = lr
+                feats = model.backbone(x)
+                loss = loss_fn(feats, y, model.public_proxies)
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                if f.pretrain_max_grad_norm > 0:
+                    torch.nn.utils.clip_grad_norm_(params, f.pretrain_max_grad_norm)
+                opt.step()
+                global_step += 1
+                bar.advance()
+                with torch.no_grad():
+                    norms = feats.detach().norm(dim=1)
+                    norm_sum += float(norms.sum())
+                    norm_max = max(norm_max, float(norms.max()))
+                with torch.no_grad():
+                    pred = (
+                        torch.nn.functional.normalize(feats, dim=1)
+                        @ torch.nn.functional.normalize(model.public_proxies, dim=1).T
+                    ).argmax(1)
+                total += loss.item()
+                correct += int((pred == y).sum())
+                seen += len(y)
+                steps += 1
+            # lr: of the epoch's last step; feature norms |Theta(x)| before the step (mean, max)
+            row = {
+                "epoch": epoch,
+                "loss": total / max(steps, 1),
+                "acc": correct / max(seen, 1),
+                "lr": lr,
+                "feature_norm": norm_sum / max(seen, 1),
+                "feature_norm_max": norm_max,
+                "steps": steps,
+                "seconds": time.perf_counter() - t0,
+            }
+            history.append(row)
+            if on_epoch is not None:
+                on_epoch(row)
     return model.cpu(), history
 
 

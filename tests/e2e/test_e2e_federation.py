@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from common.checkpoint import torch_load
 from tests.procutil import processes_mentioning, run_to_end
@@ -55,6 +56,13 @@ def test_two_sites_two_rounds(tmp_path):
         # every round's ClientApp process was started before its message, by fedclient's launcher
         assert {s["clientapp_prestarted"] for s in r["sites"].values()} == {1.0}
     assert json.loads((out / "status.json").read_text())["status"] == "completed"
+    # the same rounds as TensorBoard scalars, read back with TensorBoard's own reader
+    acc = EventAccumulator(str(out / "tensorboard"))
+    acc.Reload()
+    assert [(e.step, e.value) for e in acc.Scalars("mean/mAP")] == [
+        (r["round"], pytest.approx(r["mean/mAP"])) for r in rows
+    ]
+    assert [e.step for e in acc.Scalars("sites/market1501/loss")] == [1, 2]
     final = torch_load(out / "global_final.pt")
     assert final["round"] == 2 and all(torch.isfinite(v).all() for v in final["state_dict_shared"].values())
     assert not any(k.startswith("head.") for k in final["state_dict_shared"])
