@@ -1,4 +1,4 @@
-"""Progress of a long step (FedFR pre-training, writing a synthetic world, a study's runs) with an ETA.
+"""Progress of a long step (FedFR pre-training, a synthetic world, feature extraction) with an ETA.
 
 On a terminal: a rich progress bar. Elsewhere (a log file, CI): one plain line every ``every_s``
 seconds and one at the end, without ANSI codes (a step shorter than ``every_s`` prints nothing):
@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import TextIO
+from collections.abc import Iterable, Iterator, Sized
+from typing import TextIO, TypeVar
+
+T = TypeVar("T")
 
 
 def eta_s(done: int, total: int, elapsed_s: float) -> float | None:
@@ -78,3 +81,14 @@ class Progress:
     def __exit__(self, *exc) -> None:
         if self._bar is not None:
             self._bar.stop()
+
+
+def track_batches(batches: Iterable[T], label: str) -> Iterator[T]:
+    """Yield ``batches`` while showing ``label``'s progress (as :class:`Progress`) when their number is known."""
+    if not isinstance(batches, Sized):
+        yield from batches
+        return
+    with Progress(f"{label} (batches)", len(batches)) as bar:
+        for batch in batches:
+            yield batch
+            bar.advance()

@@ -31,3 +31,10 @@ def test_a_log_gets_plain_lines_only_for_a_long_step():
     lines = slow.getvalue().splitlines()
     assert [ln.split(",")[0] for ln in lines] == ["slow: 1/3 (33%)", "slow: 2/3 (66%)", "slow: 3/3 (100%)"]
     assert "\x1b[" not in slow.getvalue()  # no ANSI codes in a log
+
+
+def test_track_batches_yields_every_batch_in_order():
+    from common.progress import track_batches
+
+    assert list(track_batches([3, 1, 2], "eval")) == [3, 1, 2]
+    assert list(track_batches(iter([5, 6]), "eval")) == [5, 6]  # unknown length: no bar, same batches
