@@ -19,6 +19,8 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from common.config.compose import REPO_ROOT, conf_dir, merge_overrides
 from common.config.engine import VirtualSiteConfig
 from common.config.experiment import ExperimentConfig, TargetConfig
@@ -130,6 +132,7 @@ def _nested(cls: type, name: str) -> type | None:
 
 
 def _first_comment(path: Path) -> str:
+    """The first comment block of a yaml file, up to its first indented (example) line."""
     lines = []
     for line in path.read_text().splitlines():
         s = line.strip()
@@ -137,18 +140,44 @@ def _first_comment(path: Path) -> str:
             if lines:
                 break
             continue
-        s = s.lstrip("#").strip()
-        if s.startswith("@package"):
+        body = s.lstrip("#")
+        if body.strip().startswith("@package"):
             continue
-        lines.append(s)
+        if body.startswith("  ") and lines:  # an indented example command ends the description
+            break
+        lines.append(body.strip())
     return " ".join(lines)
 
 
-def group_rows(conf: Path) -> list[tuple[str, str]]:
+def group_sets(group: str, path: Path) -> list[str]:
+    """``KEY=VALUE`` for what a group's yaml file sets (keys of ``_global_`` files are top-level)."""
+    text = path.read_text()
+    d = yaml.safe_load(text) or {}
+    prefix = "" if "@package _global_" in text else f"{group}."
+    out = []
+    for entry in d.pop("defaults", []):
+        for k, v in entry.items() if isinstance(entry, dict) else [(group, entry)]:
+            out.append(f"{k.removeprefix('override ').lstrip('/')}={v}")
+    out += [f"{k}={_value(v)}" for k, v in _flatten(d, prefix)]
+    return out
+
+
+def _flatten(d: dict, prefix: str) -> list[tuple[str, Any]]:
+    out = []
+    for k, v in d.items():
+        if isinstance(v, dict) and v:
+            out += _flatten(v, f"{prefix}{k}.")
+        else:
+            out.append((f"{prefix}{k}", v))
+    return out
+
+
+def group_rows(conf: Path) -> list[tuple[str, str, str]]:
     rows = []
     for group in GROUPS:
         for path in sorted((conf / group).glob("*.yaml")):
-            rows.append((f"{group}={path.stem}", _first_comment(path)))
+            sets = " ".join(f"`{s}`" for s in group_sets(group, path))
+            rows.append((f"{group}={path.stem}", _first_comment(path), sets))
     return rows
 
 
@@ -159,8 +188,8 @@ def render() -> str:
     out = [HEADER, "## Keys", "", "| key | type | default | meaning |", "|---|---|---|---|"]
     for key, type_name, default, text in key_rows(ExperimentConfig, values):
         out.append(f"| `{key}` | {_cell(type_name)} | `{_cell(default)}` | {_cell(text)} |")
-    out += ["", "## Groups", "", "| option | what it is |", "|---|---|"]
-    out += [f"| `{opt}` | {_cell(text)} |" for opt, text in group_rows(conf)]
+    out += ["", "## Groups", "", "| option | what it is | what it sets |", "|---|---|---|"]
+    out += [f"| `{opt}` | {_cell(text)} | {_cell(sets)} |" for opt, text, sets in group_rows(conf)]
     out += [
         "",
         "## Sites",

@@ -64,3 +64,12 @@ def _defaults() -> dict:
     from common.config.compose import merge_overrides
 
     return merge_overrides([]).to_dict()
+
+
+def test_group_options_show_what_their_file_sets():
+    rows = {opt: sets for opt, _, sets in reference.group_rows(reference.conf_dir())}
+    assert rows["privacy=noise"] == "`privacy.beta=0.001`"  # conf/privacy/noise.yaml: beta: 0.001
+    assert rows["strategy=local"] == "`strategy.mode=local`"
+    demo = rows["experiment=demo"].split()  # a _global_ file: top-level keys, and its defaults override
+    assert "`model=resnet18`" in demo and "`rounds=6`" in demo and "`model.pretrained=none`" in demo
+    assert rows["experiment=fedfr-demo"].startswith("`experiment=fedfr`")
