@@ -16,7 +16,7 @@ dead when its heartbeats are late), it runs ``fedserver resume=RUN_DIR`` and res
 (the new in-memory SuperLink does not know their nodes). Each restart is reported; RSS slopes are
 computed per ServerApp process (between restarts).
 
-What the memory figures have shown so far is in README, "Benchmarks".
+The figures it measures are recorded in docs/results/benchmarks.md.
 
     python benchmarks/soak.py [--rounds 50] [--kill-every 10] [--keep DIR] [--env KEY=VALUE ...]
 """

@@ -67,7 +67,7 @@ def parser() -> argparse.ArgumentParser:
     sec = p.add_mutually_exclusive_group()
     sec.add_argument("--root-certificates", help="CA certificate (PEM) to verify the coordinator's TLS certificate")
     sec.add_argument("--insecure", action="store_true", help="plain-text HTTP (prints a warning)")
-    p.add_argument("--auth-key", help="private key file of this site (node authentication), see the README")
+    p.add_argument("--auth-key", help="private key file of this site (node authentication), see docs/deployment.md")
     p.add_argument("--port", type=int, default=9094, help="local ClientAppIO port of the SuperNode (unique per host)")
     p.add_argument(
         "--max-retries", type=int, default=20, help="reconnect attempts before giving up (default %(default)s)"

@@ -30,7 +30,7 @@ def tool_env(flwr_home: str | Path | None = None, extra: dict[str, str] | None =
     ``MALLOC_ARENA_MAX`` defaults to 2 (a value already in the environment wins): glibc otherwise
     gives each of the many gRPC/HTTP threads its own heap arena, and the freed space of ~45-94 MB
     parameter messages stays scattered over them; resident memory then drifts from round to round
-    (``benchmarks/soak.py`` measures it; README, "Benchmarks").
+    (``benchmarks/soak.py`` measures it; docs/results/benchmarks.md).
     """
     env = dict(os.environ)
     env.setdefault("MALLOC_ARENA_MAX", MALLOC_ARENA_MAX)

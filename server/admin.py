@@ -38,7 +38,7 @@ CLI_TIMEOUT_S = 60.0
 # ---- fedserver certs ----
 
 
-def certs_main(argv: list[str]) -> int:
+def certs_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="fedserver certs",
         description=(
@@ -58,7 +58,11 @@ def certs_main(argv: list[str]) -> int:
     )
     p.add_argument("--days", type=int, default=825, help="server certificate validity (default %(default)s)")
     p.add_argument("--force", action="store_true", help="replace an existing server.key")
-    a = p.parse_args(argv)
+    return p
+
+
+def certs_main(argv: list[str]) -> int:
+    a = certs_parser().parse_args(argv)
     out = Path(a.out_dir).expanduser().resolve()
     try:
         files, new_ca = security.write_tls(out, a.host, days=a.days, force=a.force)
@@ -230,13 +234,19 @@ def _need_target(a: argparse.Namespace, prog: str) -> None:
         )
 
 
-def register_site_main(argv: list[str]) -> int:
-    prog = "fedserver register-site"
-    p = _registry_parser(prog, "Register a site's public key (from `fedclient keygen`) for node authentication.")
+def register_site_parser() -> argparse.ArgumentParser:
+    p = _registry_parser(
+        "fedserver register-site", "Register a site's public key (from `fedclient keygen`) for node authentication."
+    )
     p.add_argument("public_key", help="the site's <site>.pub (OpenSSH ECDSA public key)")
     p.add_argument("--site", required=True, help="site name, as in conf/site/<site>.yaml")
     p.add_argument("--force", action="store_true", help="replace a different key already registered for the site")
-    a = p.parse_args(argv)
+    return p
+
+
+def register_site_main(argv: list[str]) -> int:
+    prog = "fedserver register-site"
+    a = register_site_parser().parse_args(argv)
     _need_target(a, prog)
     try:
         security.check_site_name(a.site)
@@ -354,11 +364,17 @@ def list_sites_main(argv: list[str]) -> int:
     return 0
 
 
+def unregister_site_parser() -> argparse.ArgumentParser:
+    p = _registry_parser(
+        "fedserver unregister-site", "Remove a site's key: from the keys folder and/or from a running SuperLink."
+    )
+    p.add_argument("--site", required=True, help="site name")
+    return p
+
+
 def unregister_site_main(argv: list[str]) -> int:
     prog = "fedserver unregister-site"
-    p = _registry_parser(prog, "Remove a site's key: from the keys folder and/or from a running SuperLink.")
-    p.add_argument("--site", required=True, help="site name")
-    a = p.parse_args(argv)
+    a = unregister_site_parser().parse_args(argv)
     _need_target(a, prog)
     if a.keys_dir:
         pub = Path(a.keys_dir).expanduser().resolve() / f"{security.check_site_name(a.site)}.pub"

@@ -158,7 +158,7 @@ def studies_listing() -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> None:
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="fedstudy",
         description=__doc__,
@@ -176,6 +176,11 @@ def main(argv: list[str] | None = None) -> None:
     )
     p.add_argument("--timeout", type=float, default=7200, help="seconds one run may take")
     p.add_argument("--tables-only", action="store_true", help="do not run anything: rebuild tables and plots")
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = parser()
     a, overrides = p.parse_known_args(argv)
     study = load_study(a.study, overrides)
     out = Path(a.out or Path("runs") / "study" / study["name"]).resolve()

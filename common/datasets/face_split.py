@@ -161,7 +161,7 @@ def read_identities(src: str | Path) -> dict[str, list[str]]:
     return out
 
 
-def main(argv: list[str] | None = None) -> None:
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m common.datasets.face_split",
         description=__doc__,
@@ -184,6 +184,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--site-prefix", default="face", help="site names <prefix>1..<prefix>C (default %(default)s)")
     p.add_argument("--site-conf", help="also write <DIR>/<site>.yaml for each client (e.g. conf/site)")
     p.add_argument("--copy", action="store_true", help="copy files instead of hard-linking them")
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = parser()
     a = p.parse_args(argv)
     plan = plan_split(
         read_identities(a.src),

@@ -103,7 +103,7 @@ def export_identity_folders(rec_path: str | Path, out: str | Path, *, max_identi
     return {"identities": len(kept), "images": images}
 
 
-def main(argv: list[str] | None = None) -> None:
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m common.datasets.insightface_rec",
         description=__doc__,
@@ -112,6 +112,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("rec", help="train.rec (train.idx beside it)")
     p.add_argument("out", help="output folder: one sub-folder per identity")
     p.add_argument("--max-identities", type=int, default=0, help="stop after this many identities (0: all)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = parser()
     a = p.parse_args(argv)
     counts = export_identity_folders(a.rec, a.out, max_identities=a.max_identities)
     print(f"insightface_rec: {counts['images']} images of {counts['identities']} identities written to {a.out}")
