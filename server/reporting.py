@@ -113,7 +113,8 @@ class RoundReporter:
         print(
             f"[round {rnd}/{self.cfg.rounds}] "
             + " ".join(f"{k}={100 * v:.1f}" for k, v in shown.items())
-            + (f" | {len(rec.replied)}/{rec.sampled} sites, {rec.fit_seconds:.1f}s" if rnd > 0 else " (untrained)"),
+            + (f" | {len(rec.replied)}/{rec.sampled} sites, {rec.fit_seconds:.1f}s" if rnd > 0 else " (untrained)")
+            + (f" | epsilon {rec.dp_epsilon:.3g}" if rec.dp_epsilon is not None else ""),
             flush=True,
         )
         if rnd == self.last_round:
