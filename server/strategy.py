@@ -12,8 +12,11 @@ A subclass of Flower's ``FedAvg`` that overrides the hooks, not the round loop:
   and the reason. Each update's influence is bounded (its distance to what was sent, at most
   ``norm_bound`` x the round's lower-median distance: clipped or rejected), then the updates are
   averaged (Eq. 8; weighted by capped image counts as FedFR's Eq. 2/4; or a robust rule), noise is
-  added to the aggregate (Eq. 14);
-- ``evaluate``: the per-round hook that evaluates the global embedding and reports the round.
+  added to the aggregate (Eq. 14). With client-level DP (``privacy.dp``, ``server/dp.py``) each update
+  is clipped to the fixed norm C instead, the unweighted mean divides by ceil(S*N), and Gaussian noise
+  of std z*C/n goes on the aggregate;
+- ``evaluate``: the per-round hook that evaluates the global embedding and reports the round (with
+  DP, the epsilon spent so far).
 
 Resume (``fedserver resume=RUN_DIR``): Flower's server loop always counts from 1, so a run that
 continues after round k gets ``round_offset=k``; every hook works on the true round

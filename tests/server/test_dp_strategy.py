@@ -10,6 +10,7 @@ from flwr.server.strategy import DifferentialPrivacyServerSideFixedClipping, Fed
 
 from common.dp_accountant import epsilon_spent
 from common.params import Manifest
+from common.seeding import seed_everything
 from server.dp import DPSettings, add_dp_noise, dp_scales, dp_settings
 from server.fedfr.strategy import FedFRStrategy
 from server.reporting import RoundReporter
@@ -89,6 +90,36 @@ def test_with_z_zero_the_aggregate_is_flowers_server_side_fixed_clipping_around_
     ours = aggregate(strategy(dp=dp(z=0.0, c=1.0)), values)
     for a, b in zip(ours, parameters_to_ndarrays(flower)):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+
+
+def test_flowers_wrapper_noise_is_regenerated_from_the_public_seed():
+    """Why the noise is drawn here and not by Flower's wrapper: the wrapper draws from numpy's global
+    generator, which ``seed_everything(cfg.seed)`` seeds with the seed every site receives. A site
+    that knows the seed (and the aggregate it is sent) can regenerate the noise and remove it."""
+    sent = [np.zeros((2, 3), np.float32), np.zeros(3, np.float32)]
+
+    def wrapper_round():
+        seed_everything(7)  # what the ServerApp does with the run's public seed
+        wrapper = DifferentialPrivacyServerSideFixedClipping(
+            FedAvg(fraction_fit=1.0, min_fit_clients=4, min_available_clients=4),
+            noise_multiplier=1.0,
+            clipping_norm=1.0,
+            num_sampled_clients=4,
+        )
+        cm = manager_of(STRATEGY_SITES)
+        wrapper.configure_fit(1, ndarrays_to_parameters(sent), cm)
+        results = [
+            (p, FitRes(Status(Code.OK, ""), ndarrays_to_parameters(full(0.1)), 10, {})) for p in cm.all().values()
+        ]
+        return parameters_to_ndarrays(wrapper.aggregate_fit(1, results, [])[0])[0]
+
+    noised = wrapper_round()
+    seed_everything(7)  # the attacker: the public seed, then the same draws as the wrapper
+    regenerated = np.random.normal(0, 1.0 / 4, (2, 3)).astype(np.float32)
+    np.testing.assert_allclose(noised - regenerated, 0.1, rtol=1e-5)  # the clean mean, recovered
+    ours = [strategy(dp=dp(z=1.0, c=1.0), seed=7) for _ in range(2)]
+    ours[1].noise_secret = "another run's secret"
+    assert not np.allclose(aggregate(ours[0], [0.1] * 4)[0], aggregate(ours[1], [0.1] * 4)[0])
 
 
 def test_noise_on_the_aggregate_has_std_z_c_over_n():
