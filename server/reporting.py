@@ -50,6 +50,8 @@ class RoundReporter:
         self.t0 = time.time() - elapsed_s
         self.embedding_init = embedding_init  # imagenet | file:<path> | random, recorded with round 0
         self.strategy_state: Callable[[], dict] = dict  # set by server_fn: what the checkpoint keeps of the strategy
+        # set by server_fn: the run's last round (before `rounds` when privacy.max_epsilon stops it)
+        self.last_round = cfg.rounds
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint")
         self._pending: Future | None = None
 
@@ -81,8 +83,10 @@ class RoundReporter:
                 "norm_limit": rec.norm_limit,
                 "clipped": rec.clipped,
             }
+        if rec.dp_epsilon is not None:
+            row["dp_epsilon"] = rec.dp_epsilon
         every = self.cfg.eval.every
-        if self.score is not None and every > 0 and (rnd % every == 0 or rnd == self.cfg.rounds):
+        if self.score is not None and every > 0 and (rnd % every == 0 or rnd == self.last_round):
             row |= self._evaluate(arrays, site_models)
         self.metrics.add(row)
         # everything needed to continue after this round (server/resume.py): a snapshot now, one
@@ -110,10 +114,11 @@ class RoundReporter:
         print(
             f"[round {rnd}/{self.cfg.rounds}] "
             + " ".join(f"{k}={100 * v:.1f}" for k, v in shown.items())
-            + (f" | {len(rec.replied)}/{rec.sampled} sites, {rec.fit_seconds:.1f}s" if rnd > 0 else " (untrained)"),
+            + (f" | {len(rec.replied)}/{rec.sampled} sites, {rec.fit_seconds:.1f}s" if rnd > 0 else " (untrained)")
+            + (f" | epsilon {rec.dp_epsilon:.3g}" if rec.dp_epsilon is not None else ""),
             flush=True,
         )
-        if rnd == self.cfg.rounds:
+        if rnd == self.last_round:
             self.finish(arrays)
         # Flower logs what is returned here every round: keep it to the headline numbers
         return {k: v for k, v in row.items() if k.startswith("mean/")}
@@ -129,12 +134,15 @@ class RoundReporter:
             self.run_dir / "global_final.pt",
             keys=self.keys,
             arrays=arrays,
-            server_round=self.cfg.rounds,
+            server_round=self.last_round,
             manifest_hash=self.manifest_hash,
             config=self.cfg.to_dict(),
         )
         self.metrics.plot()
-        atomic_json_save({"status": "completed", "rounds": self.cfg.rounds}, self.run_dir / "status.json")
+        status = {"status": "completed", "rounds": self.last_round}
+        if self.last_round < self.cfg.rounds:
+            status |= {"planned_rounds": self.cfg.rounds, "stopped_by": "privacy.max_epsilon"}
+        atomic_json_save(status, self.run_dir / "status.json")
 
 
 def summarize_sites(per_site: dict[str, dict[str, float]]) -> dict[str, float]:

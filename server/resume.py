@@ -39,7 +39,9 @@ from pathlib import Path
 from common.config.compose import merge_overrides
 from common.config.experiment import ExperimentConfig
 from server.checkpoint import CHECKPOINT, load_server_checkpoint
+from server.dp import dp_settings
 from server.reporting import RoundReporter
+from server.run_setup import last_round
 from server.tasks import server_task
 
 # keys that may be changed on resume: where and how the processes run, not what they compute
@@ -102,16 +104,18 @@ def announce_resume(cfg: ExperimentConfig) -> bool:
         )
         return False
     ck = load_server_checkpoint(cfg.resume_from)
-    if ck.round < cfg.rounds:
-        print(f"fedserver: resuming {run_dir} after round {ck.round} of {cfg.rounds}", flush=True)
+    last = last_round(cfg, dp_settings(cfg))  # before `rounds` when privacy.max_epsilon stops the run
+    if ck.round < last:
+        print(f"fedserver: resuming {run_dir} after round {ck.round} of {last}", flush=True)
         return False
     if (run_dir / "global_final.pt").is_file() and '"completed"' in _read(run_dir / "status.json"):
-        print(f"fedserver: {run_dir} has completed all {cfg.rounds} rounds already; nothing to resume", flush=True)
+        print(f"fedserver: {run_dir} has completed all {last} rounds already; nothing to resume", flush=True)
         return True
     reporter = RoundReporter(cfg, None, ck.keys, ck.manifest_hash, metrics_rows=ck.metrics, elapsed_s=ck.elapsed_s)
+    reporter.last_round = last
     reporter.metrics.write()  # the checkpoint's history is the reference
     reporter.finish(ck.arrays)
-    print(f"fedserver: {run_dir} had completed all {cfg.rounds} rounds; final outputs written", flush=True)
+    print(f"fedserver: {run_dir} had completed all {last} rounds; final outputs written", flush=True)
     return True
 
 

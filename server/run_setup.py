@@ -14,6 +14,7 @@ from common.checkpoint import atomic_json_save
 from common.config.experiment import ExperimentConfig
 from common.params import Manifest
 from server.checkpoint import ServerCheckpoint, load_server_checkpoint, restore_rng
+from server.dp import DPSettings, dp_settings
 from server.reporting import RoundReporter
 from server.sites import SITE_NODES, load_site_nodes
 from server.strategy import FedReIDStrategy
@@ -46,6 +47,7 @@ def strategy_settings(cfg: ExperimentConfig, ck: ServerCheckpoint | None) -> dic
         "seed": cfg.seed,
         "wait_for_sites_s": cfg.wait_for_sites_s,
         "noise_secret": run_noise_secret(ck),
+        "dp": dp_settings(cfg),
     }
 
 
@@ -83,9 +85,31 @@ def run_components(
         strategy.restore_state(ck.strategy)
     reporter.strategy_state = strategy.checkpoint_state
     done = ck.round if ck else 0
+    last = last_round(cfg, strategy.dp)
+    reporter.last_round = last
     atomic_json_save(
         {"status": "running", "rounds": cfg.rounds, "resumed_after": done}, cfg.resolved_run_dir() / "status.json"
     )
     return ServerAppComponents(
-        strategy=strategy, config=ServerConfig(num_rounds=cfg.rounds - done, round_timeout=cfg.round_timeout_s)
+        strategy=strategy,
+        config=ServerConfig(num_rounds=max(0, last - done), round_timeout=cfg.round_timeout_s),
     )
+
+
+def last_round(cfg: ExperimentConfig, dp: DPSettings | None) -> int:
+    """The run's last round: ``rounds``, or the last one whose epsilon stays within ``privacy.max_epsilon``
+    (epsilon is a function of the rounds done, so the stop is known before round 1)."""
+    if dp is None:
+        return cfg.rounds
+    allowed = dp.rounds_allowed(cfg.rounds)
+    if allowed < cfg.rounds:
+        log.warning(
+            "privacy.max_epsilon=%g: the run stops after round %d of %d (epsilon %.4g; round %d would spend %.4g)",
+            dp.max_epsilon,
+            allowed,
+            cfg.rounds,
+            dp.epsilon(allowed),
+            allowed + 1,
+            dp.epsilon(allowed + 1),
+        )
+    return allowed

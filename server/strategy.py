@@ -12,8 +12,11 @@ A subclass of Flower's ``FedAvg`` that overrides the hooks, not the round loop:
   and the reason. Each update's influence is bounded (its distance to what was sent, at most
   ``norm_bound`` x the round's lower-median distance: clipped or rejected), then the updates are
   averaged (Eq. 8; weighted by capped image counts as FedFR's Eq. 2/4; or a robust rule), noise is
-  added to the aggregate (Eq. 14);
-- ``evaluate``: the per-round hook that evaluates the global embedding and reports the round.
+  added to the aggregate (Eq. 14). With client-level DP (``privacy.dp``, ``server/dp.py``) each update
+  is clipped to the fixed norm C instead, the unweighted mean divides by ceil(S*N), and Gaussian noise
+  of std z*C/n goes on the aggregate;
+- ``evaluate``: the per-round hook that evaluates the global embedding and reports the round (with
+  DP, the epsilon spent so far).
 
 Resume (``fedserver resume=RUN_DIR``): Flower's server loop always counts from 1, so a run that
 continues after round k gets ``round_offset=k``; every hook works on the true round
@@ -60,6 +63,7 @@ from server.aggregate import (
     robust_aggregate,
     sample_sites,
 )
+from server.dp import DPSettings, add_dp_noise, dp_scales
 from server.replies import ReplyError, check_metrics, decode_arrays, encode_arrays
 from server.reply_checks import ArrivalProxy, CheckedReplies, CheckedReply, check_reply
 from server.sites import SiteRoster
@@ -93,6 +97,7 @@ class RoundRecord:
     update_norms: dict[str, float] = field(default_factory=dict)  # ||update - sent|| per averaged site
     norm_limit: float = 0.0  # norm_bound x lower median of update_norms (0: no bound)
     clipped: dict[str, float] = field(default_factory=dict)  # site -> clip factor (< 1)
+    dp_epsilon: float | None = None  # privacy.dp: epsilon spent after this round (None without DP)
 
 
 @dataclass
@@ -133,6 +138,7 @@ class FedReIDStrategy(FedAvg):
         on_round_end: RoundEndFn | None = None,
         round_offset: int = 0,
         threads: int = 0,
+        dp: DPSettings | None = None,
     ) -> None:
         check_arrays(manifest, initial_arrays, who="initial parameters")
         if sampling not in SAMPLINGS or aggregation not in AGGREGATIONS or norm_action not in NORM_ACTIONS:
@@ -183,6 +189,19 @@ class FedReIDStrategy(FedAvg):
         # the replies' checks, norms and average on this many threads (0: the process's cores, at most 8);
         # the results do not depend on it (server/thread_map.py)
         self.threads = threads if threads > 0 else coordinator_threads()
+        # client-level DP (server/dp.py): clipping to C replaces the median-relative bound, the mean is
+        # unweighted over a fixed n (one site's influence at most C/n), Gaussian noise on the aggregate
+        self.dp = dp
+        if dp is not None:
+            log.info(
+                "client-level DP: updates clipped to C=%g, noise z=%.4g (std %.4g on the mean of %d), delta=%.3g%s",
+                dp.clip_norm,
+                dp.noise_multiplier,
+                dp.noise_std,
+                dp.sampled,
+                dp.delta,
+                "; the mean is unweighted (image-count weights would give one site more than C/n)" if weighted else "",
+            )
 
     def __repr__(self) -> str:
         return f"FedReIDStrategy(S={self.fraction_fit}, beta={self.beta}, manifest={self.manifest.hash})"
@@ -204,6 +223,7 @@ class FedReIDStrategy(FedAvg):
             "noise_secret": self.noise_secret,
             "site_models": {s: [a.copy() for a in arrs] for s, arrs in self.site_models.items()},
             "site_counts": dict(self.frozen_counts),
+            "dp": self.dp.state() if self.dp is not None else None,
         }
 
     def restore_state(self, state: dict) -> None:
@@ -213,6 +233,12 @@ class FedReIDStrategy(FedAvg):
             self.noise_secret = str(state["noise_secret"])  # the same noise as the run before the stop
         self.site_models = {s: [np.asarray(a) for a in arrs] for s, arrs in state.get("site_models", {}).items()}
         self.frozen_counts = {str(s): float(n) for s, n in state.get("site_counts", {}).items()}
+        saved, now = state.get("dp"), self.dp.state() if self.dp is not None else None
+        if saved != now:  # the epsilon of the resumed rounds would account another mechanism
+            raise ValueError(
+                f"checkpoint was written with client-level DP {saved}, this run has {now}: resume with "
+                "the run's own privacy settings"
+            )
 
     def _rng(self, server_round: int, purpose: str) -> np.random.Generator:
         # one generator per (round, purpose): sampling is reproducible, also after a resume
@@ -357,6 +383,15 @@ class FedReIDStrategy(FedAvg):
         """Bounded influence: ||update - sent|| at most norm_bound x the round's lower-median norm."""
         norms = [norm_of(v.distances) for v in updates]  # = update_norm(v.arrays, sent), from the checks' terms
         rec.update_norms = {v.site: round(n, 6) for v, n in zip(updates, norms)}
+        if self.dp is not None:  # client-level DP: min(1, C/norm), and the fixed denominator n
+            rec.norm_limit = self.dp.clip_norm
+            scales = dp_scales(norms, self.dp.clip_norm, self.dp.sampled)
+            rec.clipped = {
+                v.site: round(min(1.0, self.dp.clip_norm / n), 6)
+                for v, n in zip(updates, norms)
+                if n > self.dp.clip_norm
+            }
+            return updates, scales
         if self.norm_bound <= 0 or not updates:
             return updates, [1.0] * len(updates)
         rec.norm_limit = self.norm_bound * lower_median(norms)
@@ -416,7 +451,8 @@ class FedReIDStrategy(FedAvg):
                 self.min_fit_sites,
             )
             return None, {"valid_updates": len(updates)}
-        weights = capped_weights([v.count for v in updates], self.weight_cap) if self.weighted else None
+        weighted = self.weighted and self.dp is None
+        weights = capped_weights([v.count for v in updates], self.weight_cap) if weighted else None
         if self.aggregation == "mean":  # Eq. (8) / FedFR Eq. (2, 4), clipped updates rebuilt array by array
             aggregate = average(
                 [v.arrays for v in updates], weights, scales=scales, reference=ref, threads=self.threads
@@ -427,6 +463,8 @@ class FedReIDStrategy(FedAvg):
                 for v, c in zip(updates, scales)
             ]
             aggregate = robust_aggregate(self.aggregation, clipped, self.trim_fraction)
+        if self.dp is not None:  # client-level DP: N(0, (z*C/n)^2) on every shared tensor (server/dp.py)
+            add_dp_noise(aggregate, self.dp.noise_std, self._noise_rng(server_round, "dp-noise"), self.manifest)
         # Eq. (14): on the learnable parameters; BatchNorm running statistics stay the plain average.
         # Array by array (the same draws as one call over the list): no second copy of the model.
         if self.beta > 0:
@@ -442,6 +480,8 @@ class FedReIDStrategy(FedAvg):
             return None  # a resumed run: its starting round was reported (and checkpointed) before
         server_round = self.true_round(server_round)
         rec = self.records.setdefault(server_round, RoundRecord(server_round))
+        if self.dp is not None:  # a function of the rounds done: the same after a resume
+            rec.dp_epsilon = self.dp.epsilon(server_round)
         arrays = [
             np.array(a) for a in decode_arrays(self.manifest, parameters, "global parameters", check_finite=False)
         ]

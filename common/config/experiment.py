@@ -119,6 +119,16 @@ class StrategyConfig:
 class PrivacyConfig:
     beta: float = 0.0  # Eq. (14)-(15) white-noise scale (paper default 0)
     client_noise: bool = True  # Eq. (15): an independent draw on what each site receives
+    # Client-level differential privacy (`privacy=dp`, docs/privacy.md): each averaged site's update of
+    # the shared parameters is clipped to L2 norm clip_norm (C) and Gaussian noise of standard deviation
+    # noise_multiplier * C is added to their sum; epsilon is accounted every round (common/dp_accountant.py)
+    dp: bool = False
+    clip_norm: float = 1.0  # C
+    noise_multiplier: float = 1.0  # z (used when target_epsilon is 0)
+    target_epsilon: float = 0.0  # > 0: z is solved so that the planned `rounds` spend exactly this epsilon
+    delta: float = 0.0  # 0: 1 / identities^1.1
+    identities: int = 0  # identities (people) in the whole federation: the default delta's rule
+    max_epsilon: float = 0.0  # > 0: the run stops before the first round whose epsilon would exceed it
 
 
 @dataclass
@@ -229,6 +239,34 @@ class ExperimentConfig:
     def sites_per_round(self) -> int:
         return sites_per_round(self.strategy.fraction, len(self.sites))
 
+    def _validate_dp(self, bad: Any) -> None:
+        p = self.privacy
+        if not p.clip_norm > 0:
+            raise bad("privacy.clip_norm", "an L2 norm C > 0", p.clip_norm)
+        if not p.noise_multiplier >= 0 or not p.target_epsilon >= 0 or not p.max_epsilon >= 0:
+            raise bad(
+                "privacy.noise_multiplier / target_epsilon / max_epsilon",
+                "numbers >= 0",
+                [p.noise_multiplier, p.target_epsilon, p.max_epsilon],
+            )
+        if not 0.0 <= p.delta < 1.0:
+            raise bad("privacy.delta", "delta in (0, 1), or 0 for 1/identities^1.1", p.delta)
+        if p.delta == 0 and p.identities < 2:
+            raise bad(
+                "privacy.identities",
+                "the number of identities in the federation (>= 2) for the default delta, or privacy.delta",
+                p.identities,
+            )
+        if self.strategy.aggregation != "mean":
+            raise bad(
+                "strategy.aggregation",
+                "mean with privacy.dp (the noise is calibrated to a clipped mean; a median or trimmed mean "
+                "has another sensitivity)",
+                self.strategy.aggregation,
+            )
+        if MODES[self.strategy.mode].own_embedding:
+            raise bad("strategy.mode", "a mode that averages an update with privacy.dp", self.strategy.mode)
+
     def validate(self) -> None:
         def bad(key: str, expected: str, found: Any) -> ValueError:
             return ValueError(f"config {key}: expected {expected}, found {found!r}")
@@ -257,6 +295,8 @@ class ExperimentConfig:
             )
         if not 0.0 <= self.privacy.beta <= 1.0:
             raise bad("privacy.beta", "beta in [0, 1]", self.privacy.beta)
+        if self.privacy.dp:
+            self._validate_dp(bad)
         if self.train.unit not in ("epoch", "step"):
             raise bad("train.unit", "epoch or step", self.train.unit)
         if self.rounds < 1:

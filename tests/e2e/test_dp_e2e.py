@@ -1,0 +1,123 @@
+"""End to end with client-level DP (privacy=dp): a FedReID run on real processes that privacy.max_epsilon
+stops before the round that would cross it, and a FedFR round; clipping and epsilon read from metrics.json."""
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from common.dp_accountant import default_delta, epsilon_spent
+from tests.procutil import processes_mentioning, run_to_end
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.timeout(600)
+def test_fedreid_with_dp_stops_at_max_epsilon(tmp_path):
+    out = tmp_path / "run"
+    delta = default_delta(8)  # 2 sites x 4 identities
+    eps = [epsilon_spent(sample_rate=1.0, noise_multiplier=1.0, rounds=r, delta=delta) for r in range(4)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "server.sim",
+        "--out",
+        str(out),
+        "--sites",
+        "market1501",
+        "dukemtmc",
+        "--train-ids",
+        "4",
+        "--images-per-id",
+        "4",
+        "--target-ids",
+        "3",
+        "--timeout",
+        "420",
+        "rounds=3",
+        "privacy=dp",
+        "privacy.identities=8",
+        "privacy.noise_multiplier=1.0",
+        "privacy.clip_norm=0.05",
+        f"privacy.max_epsilon={(eps[2] + eps[3]) / 2}",
+        "model.height=32",
+        "model.width=16",
+        "train.batch_size=4",
+        "train.max_steps_per_epoch=1",
+        "wait_for_sites_s=120",
+        "round_timeout_s=180",
+    ]
+    code, output = run_to_end(cmd, cwd=REPO, marker=str(tmp_path), timeout_s=480)
+    assert code == 0, output[-4000:]
+    assert "privacy.max_epsilon" in output and "stops after round 2 of 3" in output
+    rows = json.loads((out / "metrics.json").read_text())
+    assert [r["round"] for r in rows] == [0, 1, 2]
+    assert [r["dp_epsilon"] for r in rows] == pytest.approx(eps[:3])
+    for r in rows[1:]:
+        assert r["aggregated"] is True and r["norm_limit"] == 0.05
+        # every update of one local step is longer than C = 0.05: each clipped to C exactly
+        assert set(r["clipped"]) == {"market1501", "dukemtmc"}
+        for site, factor in r["clipped"].items():
+            assert factor == pytest.approx(0.05 / r["update_norms"][site], abs=2e-6)  # both kept to 6 decimals
+    status = json.loads((out / "status.json").read_text())
+    assert status == {"status": "completed", "rounds": 2, "planned_rounds": 3, "stopped_by": "privacy.max_epsilon"}
+    assert (out / "global_final.pt").is_file()
+    time.sleep(1)
+    assert processes_mentioning(str(tmp_path)) == [], "processes left behind"
+
+
+@pytest.mark.timeout(600)
+def test_fedfr_round_with_dp(tmp_path):
+    out = tmp_path / "run"
+    cmd = [
+        sys.executable,
+        "-m",
+        "server.fedfr.demo",
+        "--out",
+        str(out),
+        "--sites",
+        "face1",
+        "face2",
+        "--public-ids",
+        "6",
+        "--public-images",
+        "4",
+        "--ids-per-site",
+        "3",
+        "--train",
+        "4",
+        "--test",
+        "2",
+        "--ijbc-subjects",
+        "4",
+        "--size",
+        "16",
+        "--timeout",
+        "420",
+        "rounds=1",
+        "privacy=dp",
+        "privacy.target_epsilon=5",
+        "privacy.delta=1e-3",
+        "privacy.clip_norm=0.05",
+        "fedfr.embedding_dim=16",
+        "fedfr.pretrain_epochs=1",
+        "fedfr.pretrain_batch_size=8",
+        "fedfr.local_epochs=1",
+        "fedfr.batch_size=4",
+        "eval.batch_size=32",
+        "wait_for_sites_s=120",
+        "round_timeout_s=180",
+    ]
+    code, output = run_to_end(cmd, cwd=REPO, marker=str(tmp_path), timeout_s=540)
+    assert code == 0, output[-4000:]
+    rows = json.loads((out / "metrics.json").read_text())
+    assert [r["round"] for r in rows] == [0, 1]
+    r = rows[1]
+    assert r["aggregated"] is True and r["replied"] == 2
+    assert r["dp_epsilon"] == pytest.approx(5.0, abs=1e-3)  # z solved so that the one planned round spends 5
+    assert set(r["clipped"]) == {"face1", "face2"} and r["norm_limit"] == 0.05
+    assert json.loads((out / "status.json").read_text())["status"] == "completed"
+    time.sleep(1)
+    assert processes_mentioning(str(tmp_path)) == [], "processes left behind"
