@@ -1,7 +1,9 @@
 """The local channel between a site's ClientApp (the forwarder) and its site process.
 
 A Unix socket in the site's state folder, readable and writable by its owner only (0600), one
-request and one reply per connection. A frame is a JSON header and the raw bytes of the arrays the
+request and one reply per connection. Each end checks who is at the other (``SO_PEERCRED``): the
+forwarder talks only to a site process of its own user, and the site process answers only its
+user's processes, so a socket another user bound in the folder is refused, not believed. A frame is a JSON header and the raw bytes of the arrays the
 header lists, nothing else (no pickle: the bytes are numbers, the header is data):
 
     8 bytes  header length H (big-endian)
@@ -33,6 +35,33 @@ _SUN_PATH_MAX = 107  # Linux sockaddr_un.sun_path, less the terminating NUL
 
 class ChannelError(ConnectionError):
     """The other side went away or sent something that is not a frame."""
+
+
+class ForeignPeerError(ChannelError):
+    """The process at the other end of the channel runs as another user."""
+
+
+_PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
+
+
+def peer_uid(sock: socket.socket) -> int:
+    """The user id of the process at the other end of a connected Unix socket (Linux SO_PEERCRED)."""
+    if not hasattr(socket, "SO_PEERCRED"):
+        raise ForeignPeerError("cannot tell who is at the other end of the site's channel (SO_PEERCRED is Linux only)")
+    _pid, uid, _gid = _PEERCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size))
+    return uid
+
+
+def check_peer(sock: socket.socket, path: str | Path, expected_uid: int | None = None) -> None:
+    """``ForeignPeerError`` unless the process at the other end runs as ``expected_uid`` (default:
+    this process's effective user)."""
+    expected = os.geteuid() if expected_uid is None else expected_uid
+    uid = peer_uid(sock)
+    if uid != expected:
+        raise ForeignPeerError(
+            f"the other end of the site's channel {path} runs as uid {uid}, not as this site's user "
+            f"(uid {expected}): refused (is the state folder writable by others?)"
+        )
 
 
 def socket_path(state_dir: str | Path) -> Path:
@@ -130,8 +159,10 @@ def listen(path: str | Path) -> socket.socket:
     return sock
 
 
-def connect(path: str | Path, wait_s: float = 0.0) -> socket.socket:
-    """Connect to the socket at ``path``, retrying up to ``wait_s`` seconds (a site process restarting)."""
+def connect(path: str | Path, wait_s: float = 0.0, expected_uid: int | None = None) -> socket.socket:
+    """Connect to the socket at ``path``, retrying up to ``wait_s`` seconds (a site process
+    restarting); ``ForeignPeerError`` at once when its listener runs as another user than
+    ``expected_uid`` (default: this process's effective user)."""
     path = Path(path)
     deadline = time.monotonic() + wait_s
     while True:
@@ -140,7 +171,11 @@ def connect(path: str | Path, wait_s: float = 0.0) -> socket.socket:
         try:
             addr, fd = _address(path)
             sock.connect(addr)
+            check_peer(sock, path, expected_uid)
             return sock
+        except ForeignPeerError:
+            sock.close()
+            raise
         except OSError as e:
             sock.close()
             if time.monotonic() >= deadline:
@@ -158,9 +193,11 @@ def request(
     *,
     connect_wait_s: float = 0.0,
     timeout_s: float | None = None,
+    expected_uid: int | None = None,
 ) -> tuple[dict, list[np.ndarray]]:
-    """One request/reply exchange with the site process at ``path``."""
-    with connect(path, connect_wait_s) as sock:
+    """One request/reply exchange with the site process at ``path`` (which must run as
+    ``expected_uid``, default this process's effective user)."""
+    with connect(path, connect_wait_s, expected_uid) as sock:
         sock.settimeout(timeout_s)
         try:
             send_frame(sock, header, arrays)

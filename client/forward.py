@@ -19,7 +19,7 @@ import time
 import numpy as np
 from flwr.client import NumPyClient
 
-from client.channel import ChannelError, request
+from client.channel import ChannelError, ForeignPeerError, request
 from common.processes import TASK_STARTED_ENV, message_decode_s, message_wait_s, process_age_s
 
 CONNECT_WAIT_S = 30.0  # a site process (re)starting: bounded wait for its socket
@@ -39,6 +39,8 @@ class ForwardingClient(NumPyClient):
         header = {"op": op, "experiment": self.experiment, "config": dict(config)}
         try:
             reply, out = request(self.path, header, arrays, connect_wait_s=CONNECT_WAIT_S)
+        except ForeignPeerError as e:  # another user's socket in the state folder: no reply is believed
+            raise SiteProcessError(f"site {self.site}: {e}") from None
         except ChannelError as e:
             raise SiteProcessError(
                 f"site {self.site}: no reply from its site process ({e}); fedclient restarts it from its state "

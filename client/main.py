@@ -37,6 +37,7 @@ from common.config.structured import ConfigError
 from common.datasets import FACE_READERS, READERS, build_reader
 from common.datasets.base import DatasetLayoutError
 from common.datasets.verify import site_records, verify_report
+from common.private_folder import NotPrivateError, check_private, make_private
 from common.writable import NotWritableError, check_writable
 
 DESCRIPTION = """Run one FedReID site (a Flower SuperNode) and connect it to the coordinator.
@@ -184,9 +185,11 @@ def main(argv: list[str] | None = None) -> None:
     if reader not in FACE_READERS:  # FedFR batches mix in public images: any own count trains
         check_one_batch(a.site, len(data.train), a.batch_size or TrainConfig.batch_size)
     try:
+        make_private(state_dir)  # created 0700: only this user may write the state and the channel
         check_writable(state_dir, f"site {a.site}: state folder (--state-dir)")
+        check_private(state_dir, f"site {a.site}: state folder (--state-dir)")
         home = check_writable(a.flwr_home or Path(state_dir) / "flwr_home", f"site {a.site}: Flower home (--flwr-home)")
-    except NotWritableError as e:
+    except (NotWritableError, NotPrivateError) as e:
         raise SystemExit(f"fedclient: {e}") from None
     if a.insecure:
         print("fedclient: WARNING: --insecure: traffic to the coordinator is NOT encrypted", file=sys.stderr)

@@ -28,7 +28,7 @@ import signal
 import sys
 import time
 
-from client.channel import ChannelError, listen, recv_frame, send_frame
+from client.channel import ChannelError, ForeignPeerError, check_peer, listen, recv_frame, send_frame
 from client.tasks import build_site
 from common.config.experiment import ExperimentConfig
 from common.logs import setup_logging
@@ -90,7 +90,10 @@ def _die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
-def serve(path: str, host: SiteHost, parent: int) -> None:
+def serve(path: str, host: SiteHost, parent: int, expected_uid: int | None = None) -> None:
+    """Answer each request on the channel at ``path`` until a signal or the parent's end; a
+    connection from a process of another user than ``expected_uid`` (default: this one's) is closed
+    unanswered."""
     stop = {"now": False}
 
     def on_signal(signum, _frame):
@@ -110,6 +113,11 @@ def serve(path: str, host: SiteHost, parent: int) -> None:
             except InterruptedError:
                 continue
             with conn:
+                try:  # only this user's processes may ask (a socket mode can be loosened; this cannot)
+                    check_peer(conn, path, expected_uid)
+                except ForeignPeerError as e:
+                    log.warning("site process: %s", e)
+                    continue
                 conn.settimeout(None)
                 try:
                     header, arrays = recv_frame(conn)

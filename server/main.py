@@ -25,6 +25,8 @@ from common.config.run import site_run_config, write_serverapp_config
 from common.config.structured import ConfigError
 from common.writable import NotWritableError, check_writable
 from server import admin
+from server.front import FrontError, plan_front, start_front
+from server.nginx_config import FrontSpec
 from server.resume import announce_resume, resume_config, retire_previous_run
 from server.sites import SITE_NODES, write_site_nodes
 from server.tasks import server_task
@@ -49,6 +51,9 @@ Config:  fedserver show-config [KEY=VALUE ...]  prints the composed configuratio
 TLS:     superlink.ca_cert=ca.crt superlink.cert=server.pem superlink.key=server.key
          (plain text needs an explicit superlink.insecure=true and prints a warning)
 Sites:   superlink.node_auth=true superlink.site_keys=DIR: only registered site keys may join
+Public:  on a non-loopback superlink.address the SuperLink listens on 127.0.0.1:superlink.loopback_port
+         and fedserver starts nginx (apt-get install nginx-light) in front of it, forwarding only the
+         Fleet API; without nginx it refuses, unless superlink.behind_proxy=true (your own proxy)
 Admin:   fedserver certs | register-site | list-sites | unregister-site  (each with --help)
 Resume:  fedserver resume=RUN_DIR [superlink.*=... round_timeout_s=... wait_for_sites_s=...]
          continues a stopped or crashed run from RUN_DIR/global_latest.pt (written after every
@@ -204,6 +209,16 @@ def run(cfg: ExperimentConfig, *, resume: bool = False) -> int:
     engine = ENGINES[cfg.engine.name]()
     engine.prepare(cfg)
     run_dir = Path(cfg.run_dir)
+    try:  # a public address: the SuperLink on loopback behind nginx (server/front.py), or a refusal
+        link_cfg, front = plan_front(cfg, run_dir.resolve() / "front")
+    except FrontError as e:
+        raise SystemExit(f"fedserver: {e}") from None
+    if front is None and cfg.superlink.behind_proxy:
+        print(
+            f"fedserver: superlink.behind_proxy=true: the SuperLink itself listens on {cfg.superlink.address}; "
+            "your proxy must forward only the Fleet API, with a body cap and per-address limits (docs/security.md)",
+            file=sys.stderr,
+        )
     run_dir.mkdir(parents=True, exist_ok=True)
     # superlink.persist_state=true keeps the SuperLink's state (registered nodes, keys) in a file:
     # after a coordinator crash `fedserver resume=RUN_DIR` reopens it and the sites' SuperNodes (still
@@ -214,7 +229,8 @@ def run(cfg: ExperimentConfig, *, resume: bool = False) -> int:
         start_new_run(run_dir, cfg)
     elif announce_resume(cfg):  # every round was done already
         return 0
-    serve(cfg, engine, run_dir, register_keys=bool(cfg.superlink.node_auth and cfg.superlink.site_keys and not db_kept))
+    register_keys = bool(cfg.superlink.node_auth and cfg.superlink.site_keys and not db_kept)
+    serve(link_cfg, engine, run_dir, register_keys=register_keys, front=front, public=cfg.superlink.address)
     return report_status(run_dir)
 
 
@@ -226,16 +242,33 @@ def start_new_run(run_dir: Path, cfg: ExperimentConfig) -> None:
         old.unlink(missing_ok=True)
 
 
-def serve(cfg: ExperimentConfig, engine: Engine, run_dir: Path, *, register_keys: bool) -> None:
-    """Start the SuperLink, register the site keys (``register_keys``), submit the run and poll it
-    to its end; the SuperLink, `flwr run` and the engine's processes are stopped however it ends."""
+def serve(
+    cfg: ExperimentConfig,
+    engine: Engine,
+    run_dir: Path,
+    *,
+    register_keys: bool,
+    front: FrontSpec | None = None,
+    public: str = "",
+) -> None:
+    """Start the SuperLink on ``cfg.superlink.address`` and, with a ``front``, nginx on ``public``;
+    register the site keys (``register_keys``), submit the run and poll it to its end; the
+    SuperLink, its front, `flwr run` and the engine's processes are stopped however it ends."""
     home = run_dir / "flwr_home"
     superlink = start_superlink(cfg, engine, run_dir, home / "superlink")
-    submit = None
+    submit = nginx = None
     try:
         host, port = processes.split_address(cfg.superlink.address)
         processes.wait_for_port(host, port, cfg.superlink.startup_timeout_s, superlink)
-        print(f"fedserver: SuperLink listening on {cfg.superlink.address}; {engine.describe(cfg)}", flush=True)
+        if front is not None:
+            try:
+                nginx = start_front(front, run_dir)
+            except FrontError as e:
+                raise SystemExit(f"fedserver: {e}") from None
+            where = f"{public} (nginx front; the SuperLink on {cfg.superlink.address})"
+        else:
+            where = cfg.superlink.address
+        print(f"fedserver: SuperLink listening on {where}; {engine.describe(cfg)}", flush=True)
         conn = write_cli_config(home / "cli", cfg)
         if register_keys:  # a resumed SuperLink state has them
             ids = admin.register_site_keys(cfg.superlink.site_keys, home / "cli", conn)
@@ -246,6 +279,8 @@ def serve(cfg: ExperimentConfig, engine: Engine, run_dir: Path, *, register_keys
     finally:
         if submit is not None:
             processes.stop(submit, grace_s=5)
+        if nginx is not None:
+            processes.stop(nginx, grace_s=5)
         processes.stop(superlink, grace_s=10)
         engine.cleanup()
 

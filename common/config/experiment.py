@@ -175,6 +175,13 @@ class SuperLinkConfig:
     # after a resume instead.
     persist_state: bool = False
     startup_timeout_s: float = 60.0
+    # On an `address` other machines can reach, the SuperLink listens on 127.0.0.1:`loopback_port`
+    # (0: a free port) and fedserver starts an nginx front on `address` that forwards only the
+    # Fleet API (server/front.py, server/nginx_config.py); without nginx fedserver refuses to start.
+    loopback_port: int = 0
+    # `address` is reached only through a proxy of the operator's own: fedserver starts no front and
+    # the SuperLink listens on `address` itself (the proxy must do what server/nginx_config.py does)
+    behind_proxy: bool = False
 
 
 # keys of ExperimentConfig that stay on the coordinator (ExperimentConfig.site_view)
@@ -293,6 +300,8 @@ class ExperimentConfig:
                 ">= 1 in fedavg mode (one head size for all sites)",
                 self.strategy.fedavg_num_classes,
             )
+        if not 0 <= self.superlink.loopback_port <= 65535:
+            raise bad("superlink.loopback_port", "a port in [0, 65535] (0: a free one)", self.superlink.loopback_port)
         if not 0.0 <= self.privacy.beta <= 1.0:
             raise bad("privacy.beta", "beta in [0, 1]", self.privacy.beta)
         if self.privacy.dp:

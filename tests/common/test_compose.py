@@ -21,6 +21,7 @@ from client.main import parser as fedclient_parser
 from common.config.compose import compose_experiment, site_names
 from server.admin import certs_main, list_sites_parser
 from server.main import build_superlink_cmd
+from server.nginx_config import DOCKER_FRONT, render
 from tests.fakes import load_compose
 
 REPO = Path(__file__).resolve().parents[2]
@@ -207,34 +208,23 @@ def test_dockerfile_installs_from_pyproject_dependencies_before_the_source(tmp_p
     assert {"docker/secrets", ".venv", ".git", "runs", "data", "**/*.key"} <= set(ignore)
 
 
-def nginx_blocks(text: str) -> dict[str, str]:
-    """``{location path: its block}`` of the proxy's nginx.conf (no nested locations there)."""
-    return {m.group(1): m.group(2) for m in re.finditer(r"location\s+(\S+)\s*\{(.*?)\n\s*\}", text, re.DOTALL)}
-
-
-def test_proxy_forwards_only_the_fleet_api_to_the_loopback_superlink(compose):
-    from flwr.common.constant import FLWR_PRIVATE_MAX_ARRAY_CHUNK_SIZE
-
-    conf = re.sub(r"#.*", "", (DOCKER / "proxy" / "nginx.conf").read_text())
-    blocks = nginx_blocks(conf)
-    assert set(blocks) == {"/v1/fleet/", "/"}
-    fleet, rest = blocks["/v1/fleet/"], blocks["/"]
-    assert "return 404;" in rest and "proxy_pass" not in rest
-    assert re.search(r"limit_except POST \{ deny all; \}", fleet) and conf.count("proxy_pass") == 1
+def test_proxy_runs_the_front_configuration_for_compose_s_coordinator(compose):
+    """docker/proxy/nginx.conf is the front's one configuration (server/nginx_config.py, tested with
+    a real nginx in tests/server/test_nginx_front.py) rendered for compose's addresses and secrets."""
+    assert (DOCKER / "proxy" / "nginx.conf").read_text() == render(DOCKER_FRONT), (
+        "docker/proxy/nginx.conf differs from the rendering: regenerate it with the command in its header"
+    )
     # upstream = the address the coordinator's SuperLink listens on (loopback, shared namespace), over TLS
-    upstream = re.search(r"upstream superlink \{\s*server (\S+);", conf).group(1)
     cfg = compose_experiment(compose["services"]["superlink"]["command"][1:])
-    assert upstream == cfg.superlink.address == "127.0.0.1:9091"
-    assert "proxy_pass https://superlink;" in fleet and "proxy_ssl_verify on;" in fleet
-    # the SuperLink's certificate names localhost (fedserver certs always adds it): what the proxy checks
-    assert "proxy_ssl_name localhost;" in fleet
+    assert DOCKER_FRONT.upstream == cfg.superlink.address == "127.0.0.1:9091"
     # public TLS with the coordinator's certificate, on the port compose publishes
-    assert re.search(r"listen 9092 ssl;", conf) and compose["services"]["superlink"]["ports"][0].endswith(":9092")
-    assert "ssl_certificate     /run/secrets/server_cert;" in conf
-    assert "ssl_certificate_key /run/secrets/server_key;" in conf
-    # a request body holds one of Flower's array chunks (+ protobuf framing), and not much more
-    limit = int(re.search(r"client_max_body_size (\d+)m;", conf).group(1)) * 2**20
-    assert FLWR_PRIVATE_MAX_ARRAY_CHUNK_SIZE < limit <= 2 * FLWR_PRIVATE_MAX_ARRAY_CHUNK_SIZE
+    assert compose["services"]["superlink"]["ports"][0].endswith(":" + DOCKER_FRONT.listen)
+    tls = DOCKER_FRONT.tls
+    assert (tls.cert, tls.key, tls.ca_cert) == tuple(
+        f"/run/secrets/{s}" for s in ("server_cert", "server_key", "ca_cert")
+    )
+    assert set(compose["services"]["proxy"]["secrets"]) == {"server_cert", "server_key", "ca_cert"}
+    assert "COPY nginx.conf /etc/nginx/nginx.conf" in (DOCKER / "proxy" / "Dockerfile").read_text()
 
 
 def test_fedclient_help_lists_the_flags_compose_uses(compose):

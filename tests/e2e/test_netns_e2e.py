@@ -1,7 +1,8 @@
 """docker/compose.yaml's topology for real, without Docker: Linux network namespaces.
 
-(Without the proxy: the SuperLink listens where compose's proxy does. tests/e2e/test_docker_compose.py
-runs the compose file itself, proxy included, when a Docker engine is there.)
+(Compose's proxy is fedserver's own front here: on the public address it runs nginx with the same
+configuration, server/nginx_config.py, and the SuperLink on loopback. tests/e2e/test_docker_compose.py
+runs the compose file itself, proxy container included, when a Docker engine is there.)
 
 The coordinator runs in one namespace at 10.200.0.1, each site in its own namespace with its own
 address; the namespaces are joined by veth pairs to a bridge that lives in a fourth namespace, so
@@ -16,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -49,6 +51,8 @@ def _missing_prerequisite() -> str | None:
         return "needs root (ip netns add, veth pairs)"
     if not shutil.which("ip"):
         return "the `ip` tool (iproute2) is not installed"
+    if not (shutil.which("nginx") or Path("/usr/sbin/nginx").is_file()):
+        return "nginx is not installed (Debian: apt-get install nginx-light; .ci/run does)"
     return None
 
 
@@ -155,8 +159,8 @@ def test_compose_topology_two_rounds_across_network_namespaces(tmp_path):
     env = {**ENV, "FEDREID_SECRETS": str(secrets), **{f"{s.upper()}_DATA": str(data / s) for s in SITES}}
     compose = load_compose(env=env)
     server_cmd = host_command(compose, "superlink", volumes)
-    # no proxy here (nginx is not on the host; tests/e2e/test_docker_compose.py runs it): the SuperLink
-    # takes the proxy's place on the public port instead of compose's loopback address
+    # compose's proxy container is not here (tests/e2e/test_docker_compose.py runs it): on the public
+    # address fedserver starts its own front, nginx with the same configuration, on the proxy's port
     loopback = "superlink.address=127.0.0.1:9091"
     assert loopback in server_cmd
     server_cmd[server_cmd.index(loopback)] = "superlink.address=0.0.0.0:9092"
@@ -218,10 +222,12 @@ def test_compose_topology_two_rounds_across_network_namespaces(tmp_path):
     for r in rows[1:]:
         assert r["replied"] == 2 and r["aggregated"] is True and set(r["sites"]) == set(SITES)
     assert json.loads((run_dir / "status.json").read_text())["status"] == "completed"
-    # the SuperLink saw each site from its own address (uvicorn's access log), over TLS with node auth
-    superlink_log = (run_dir / "superlink.log").read_text()
+    # the front saw each site from its own address, and forwarded its Fleet calls
+    access = (run_dir / "front_access.log").read_text()
     for ip in SITES.values():
-        assert f"{ip}:" in superlink_log, f"no request from {ip}"
+        assert re.search(rf'^{re.escape(ip)} .*"POST /v1/fleet/push-object HTTP/1.1" 200', access, re.M), ip
+    # over TLS with node authentication
+    superlink_log = (run_dir / "superlink.log").read_text()
     assert superlink_log.count("[Fleet.ActivateNode] Activated node_id") >= len(SITES)
     assert "SuperNode authentication is disabled" not in superlink_log
     # each site kept its state in its own volume
