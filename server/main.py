@@ -346,13 +346,8 @@ def _status(run_dir: Path) -> str:
         return "unknown"
 
 
-def main(argv: list[str] | None = None) -> None:
-    args = list(sys.argv[1:] if argv is None else argv)
-    if args and args[0] in admin.SUBCOMMANDS:  # certs, register-site, list-sites, unregister-site
-        sys.exit(admin.SUBCOMMANDS[args[0]](args[1:]))
-    if any(a in ("-h", "--help") for a in args):
-        print(USAGE, end="")
-        return
+def split_command(args: list[str]) -> tuple[bool, list[str]]:
+    """(print the config and exit?, the KEY=VALUE overrides) of fedserver's command line."""
     show = "--cfg" in args or args[:1] == ["show-config"]
     if "--cfg" in args:  # Hydra's spelling: --cfg job (the only kind of config this command has)
         i = args.index("--cfg")
@@ -361,6 +356,17 @@ def main(argv: list[str] | None = None) -> None:
     bad = [a for a in args if a.startswith("-")]
     if bad:
         raise ConfigError(f"unknown option(s) {bad}; configuration is given as KEY=VALUE (see --help)")
+    return show, args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args and args[0] in admin.SUBCOMMANDS:  # certs, register-site, list-sites, unregister-site
+        sys.exit(admin.SUBCOMMANDS[args[0]](args[1:]))
+    if any(a in ("-h", "--help") for a in args):
+        print(USAGE, end="")
+        return
+    show, args = split_command(args)
     resume = [a for a in args if a.startswith("resume=")]
     try:
         if resume:  # fedserver resume=RUN_DIR [operational overrides]

@@ -98,9 +98,9 @@ def check_fedserver(words: list[str]) -> None:
     assert set(parsers) == set(admin.SUBCOMMANDS), "a fedserver subcommand has no parser here"
     if words and words[0] in parsers:
         return _argparse(parsers[words[0]](), words[1:])
-    args = [w for w in words if w != "--cfg"]
-    flags = [w for w in args if w.startswith("-")]
-    assert not flags, f"fedserver takes KEY=VALUE overrides, not {flags}"
+    from server.main import split_command
+
+    _, args = split_command([w for w in words if w != "--debug"])
     resume = [w for w in args if w.startswith("resume=")]
     if resume:  # merged onto the run's saved config: here onto the defaults, which have every key
         merge_overrides([w for w in args if w not in resume])
