@@ -41,6 +41,7 @@ from omegaconf import OmegaConf
 from common import processes
 from common.checkpoint import atomic_json_save
 from common.config.compose import REPO_ROOT
+from server.study_claims import check_claims
 from server.study_results import curve, final_metrics, write_results
 
 STUDY_DIR = REPO_ROOT / "conf" / "study"
@@ -65,6 +66,7 @@ def load_study(name_or_path: str, overrides: list[str] | None = None) -> dict:
     study.setdefault("args", [])
     study.setdefault("overrides", [])
     study["variants"] = {str(v): (spec or {}) for v, spec in study["variants"].items()}
+    check_claims(study)  # a claim naming an unknown variant or metric is refused before any run
     return study
 
 

@@ -125,3 +125,40 @@ def test_final_metrics_takes_the_last_round_reporting_each(tmp_path):
     rows = [{"round": 0, "mean/R1": 0.1}, {"round": 1, "mean/R1": 0.3, "x": 1}, {"round": 2, "x": 2}]
     (tmp_path / "metrics.json").write_text(json.dumps(rows))
     assert final_metrics(tmp_path, ["mean/R1", "x", "y"]) == {"mean/R1": 0.3, "x": 2.0}
+
+
+CLAIMS = """
+claims:
+  - {claim: "high beats low", source: "Table 9", metric: mean/R1, a: high, b: low, direction: greater}
+  - {claim: "high costs little", source: "Sec. 9", metric: mean/R1, a: high, b: low, direction: within, margin: 0.05}
+  - {claim: "no gap in TAR", source: "Table 9", metric: generic/tar/1e-3, a: high, b: low, direction: greater}
+plateau: {metric: mean/R1, k: 1, se: 0.15}
+"""
+
+
+def test_claims_table_gives_paired_differences_and_verdicts(tmp_path, capsys):
+    path = _study(tmp_path)
+    path.write_text(path.read_text() + CLAIMS)
+    out = tmp_path / "out"
+    main([str(path), "--out", str(out)])
+    res = json.loads((out / "results.json").read_text())
+    # every seed: high - low = 0.6 - 0.2 on mean/R1 (same seed term): mean 0.4, a zero-width interval
+    beats, little, tar = res["claims"]
+    assert beats["difference"] == pytest.approx(0.4) and beats["ci"] == pytest.approx([0.4, 0.4])
+    assert (beats["n"], beats["verdict"]) == (3, "holds")
+    assert little["verdict"] == "reversed"  # 40 points is not "within 5"
+    assert tar["difference"] == 0 and tar["verdict"] == "not resolved"
+    md = (out / "results.md").read_text()
+    assert "| high beats low | Table 9 | mean/R1 | high − low | > +0.0 | +40.0 | [+40.0, +40.0] | 3 | **holds** |" in md
+    # the curves rise 0.1 a round: k=1 below 0.15 at round 1 (0..2 evaluated)
+    assert [(p["variant"], p["plateau_round"]) for p in res["plateau"]] == [("low", 1), ("high", 1)]
+
+
+def test_a_claim_naming_an_unknown_variant_is_refused_before_any_run(tmp_path):
+    path = _study(tmp_path)
+    path.write_text(
+        path.read_text() + CLAIMS.replace("a: high, b: low, direction: within", "a: mid, b: low, direction: within")
+    )
+    with pytest.raises(SystemExit, match=r"claim 2 names variant\(s\) \['mid'\]"):
+        load_study(str(path))
+    assert not (tmp_path / "calls.txt").exists()
