@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 from common.config.compose import compose_experiment
+from common.config.fedfr import check_lr_milestones
 from common.datasets import face_split, synthetic_faces
 from common.datasets.face_split import plan_split, read_identities, write_split
 from common.datasets.fingerprint import MARKER, data_fingerprint, is_current, mark_complete
@@ -205,6 +206,11 @@ def federate(a: argparse.Namespace, out: Path, sites: list[LocalSite], overrides
 
 def main(argv: list[str] | None = None) -> None:
     a, overrides = parse_args(argv)
+    cfg = compose_experiment(["experiment=fedfr-demo", *overrides])
+    try:
+        check_lr_milestones(cfg.fedfr.lr_milestones, cfg.rounds)  # before any data or pre-training
+    except ValueError as e:
+        raise SystemExit(f"sim_fedfr: {e}") from None
     out = Path(a.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
