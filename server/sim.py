@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 from common.config.compose import compose_experiment
+from common.datasets import build_reader
 from server.fedfr.demo import main as fedfr_main
 from server.fedreid.demo import DEFAULT_SITES, TARGETS, summarize, write_data
 from server.launch import (
@@ -153,10 +154,23 @@ def write_world(a: argparse.Namespace, data_dir: Path) -> tuple[dict, dict, list
     return roots, targets, [POOLED]
 
 
+def identity_census(sites: list[LocalSite]) -> int:
+    """The training identities of every site, counted by the reader the site itself uses (what each
+    site answers the FedAvg baseline's census with): the common head's size, one logit each."""
+    return sum(build_reader(s.reader, s.data_root).splits.num_train_pids for s in sites)
+
+
 def server_overrides(
     out: Path, sites: list[LocalSite], targets: dict, engine: str, superlink: str, overrides: list[str]
 ) -> list[str]:
-    """fedserver's overrides: the demo experiment on these sites and targets, then the user's."""
+    """fedserver's overrides: the demo experiment on these sites and targets, then the user's. The
+    FedAvg baseline's common head is sized by the sites' census (strategy.fedavg_num_classes) unless
+    the user sets it (the coordinator then refuses a size that is not the census)."""
+    census = (
+        []
+        if any(o.lstrip("+").startswith("strategy.fedavg_num_classes=") for o in overrides)
+        else [f"strategy.fedavg_num_classes={identity_census(sites)}"]
+    )
     return [
         "experiment=demo",
         f"run_dir={out}",
@@ -167,6 +181,7 @@ def server_overrides(
         *[f"++eval.targets.{n}.reader={reader}" for n, (reader, _) in targets.items()],
         *[f"++eval.targets.{n}.root={root}" for n, (_, root) in targets.items()],
         *(simulation_overrides(sites) if engine == "simulation" else []),
+        *census,
         *overrides,
     ]
 
