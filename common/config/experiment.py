@@ -52,7 +52,7 @@ def normalize_pretrained(value: str | None) -> str:
 
 @dataclass
 class ModelConfig:
-    backbone: str = "resnet50"  # resnet18 | resnet34 | resnet50 (paper: resnet50)
+    backbone: str = "resnet50"  # resnet10 | resnet18 | resnet34 | resnet50 (paper: resnet50)
     # imagenet (paper: torchvision's ImageNet weights, fetched once into the torch cache) | /path/to.pth
     # (an offline coordinator) | none (random start: warned about, recorded). common/models/pretrained.py
     pretrained: str | None = "imagenet"

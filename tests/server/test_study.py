@@ -162,3 +162,46 @@ def test_a_claim_naming_an_unknown_variant_is_refused_before_any_run(tmp_path):
     with pytest.raises(SystemExit, match=r"claim 2 names variant\(s\) \['mid'\]"):
         load_study(str(path))
     assert not (tmp_path / "calls.txt").exists()
+
+
+def test_scale_paper_adds_its_args_and_overrides_and_replaces_the_rest(tmp_path):
+    path = _study(tmp_path)
+    scales = """
+scales:
+  paper: {overrides: [engine.num_gpus=1], seeds: [5, 6], variants: {low: {overrides: [x=0.3]}}}
+"""
+    path.write_text(path.read_text() + scales)
+    study = load_study(str(path), ["scale=paper"])
+    assert study["name"] == "toy-paper" and study["seeds"] == [5, 6]
+    assert study["overrides"] == ["rounds=2", "engine.num_gpus=1"]
+    assert study["variants"]["low"]["overrides"] == ["x=0.2", "x=0.3"]  # the later one wins in Hydra
+    assert study["variants"]["high"] == {"overrides": ["x=0.6"]}
+    plain = load_study(str(path))
+    assert plain["name"] == "toy" and plain["seeds"] == [0, 1, 2] and "scales" not in plain
+    with pytest.raises(SystemExit, match=r"has no scale 'huge'; expected one of \['paper'\]"):
+        load_study(str(path), ["scale=huge"])
+
+
+def test_the_pretrained_start_is_made_once_and_given_to_every_run(tmp_path, monkeypatch, capsys):
+    import server.study as study_mod
+
+    path = _study(tmp_path, seeds=(0, 1))
+    path.write_text(
+        path.read_text().replace("overrides: [rounds=2]", "overrides: [rounds=2, 'model.pretrained={pretrained}']")
+        + "pretrain: {domains: 2, ids_per_domain: 3}\n"
+    )
+    made: list = []
+
+    def fake(p, cache, device):
+        made.append((p.domains, p.ids_per_domain, str(cache)))
+        return cache / "weights.pth"
+
+    monkeypatch.setattr(study_mod, "cached_pretraining", fake)
+    out = tmp_path / "out"
+    main([str(path), "--out", str(out)])
+    assert made == [(2, 3, str(out / "data" / "pretrained"))]  # once for the four runs
+    study = load_study(str(path))
+    cmd = run_command(study, "low", 0, tmp_path / "r", tmp_path / "d", tmp_path / "w.pth")
+    assert f"model.pretrained={tmp_path / 'w.pth'}" in cmd
+    with pytest.raises(SystemExit, match="pretrain: source pretraining: unknown key"):
+        load_study(str(path), ["pretrain.depth=3"])
