@@ -27,7 +27,7 @@ from pathlib import Path
 from common.config.compose import compose_experiment
 from common.datasets import build_reader
 from server.fedfr.demo import main as fedfr_main
-from server.fedreid.demo import DEFAULT_SITES, TARGETS, summarize, write_data
+from server.fedreid.demo import DEFAULT_SITES, summarize, target_domains, write_data
 from server.launch import (
     LocalSite,
     clear_site_states,
@@ -72,6 +72,11 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--train-ids", type=int, default=40, help="identities per site")
     p.add_argument("--images-per-id", type=int, default=8)
     p.add_argument("--target-ids", type=int, default=30, help="test identities per unseen domain")
+    p.add_argument("--targets", type=int, default=2, help="unseen target domains (synth_a, synth_b, ...)")
+    p.add_argument("--target-images-per-id", type=int, default=8, help="images per target identity")
+    p.add_argument(
+        "--queries-per-id", type=int, default=2, help="queries per target identity (one per camera, the rest gallery)"
+    )
     p.add_argument(
         "--site-layouts",
         choices=("market", "real"),
@@ -132,8 +137,11 @@ def write_world(a: argparse.Namespace, data_dir: Path) -> tuple[dict, dict, list
             images_per_id=a.images_per_id,
             target_ids=a.target_ids,
             real_layouts=a.site_layouts == "real",
+            targets=a.targets,
+            target_images_per_id=a.target_images_per_id,
+            queries_per_id=a.queries_per_id,
         )
-        targets = {n: roots[n] for n in TARGETS}
+        targets = {n: roots[n] for n in target_domains(a.targets)}
     else:
         if not a.world_root:
             raise SystemExit(f"--world {a.world}: name the dataset's folder with --world-root")
