@@ -52,6 +52,7 @@ from common import processes
 from common.checkpoint import atomic_json_save
 from common.config.compose import REPO_ROOT
 from server.fedreid.source_pretrain import SourcePretraining, cached_pretraining
+from server.study_baselines import baseline_runs, check_baselines
 from server.study_claims import check_claims
 from server.study_results import curve, final_metrics, write_results
 
@@ -83,6 +84,7 @@ def load_study(name_or_path: str, overrides: list[str] | None = None) -> dict:
             SourcePretraining.from_dict(study["pretrain"])
         except (TypeError, ValueError) as e:
             raise SystemExit(f"fedstudy: {path} pretrain: {e}") from None
+    check_baselines(study)
     check_claims(study)  # a claim naming an unknown variant or metric is refused before any run
     return study
 
@@ -216,6 +218,10 @@ def collect(study: dict, out: Path, variants: list[str]) -> dict:
             per_run.setdefault(variant, {})[int(seed)] = final_metrics(run_dir, study["metrics"])
             for m, per_variant in curves.items():
                 per_variant.setdefault(variant, []).append(curve(run_dir, m))
+    first = next(iter(study["variants"]))
+    done = {int(s): out / "runs" / first / f"seed{int(s)}" for s in study["seeds"]}
+    done = {s: d for s, d in done.items() if completed(d)}
+    per_run |= baseline_runs(study, done, study["metrics"])  # round 0, raw pixels: per seed
     return write_results(out, study, per_run, curves)
 
 

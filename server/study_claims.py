@@ -33,7 +33,8 @@ def check_claims(study: dict) -> list[dict]:
         missing = [k for k in CLAIM_KEYS if k not in c]
         if missing:
             raise SystemExit(f"fedstudy: claim {i + 1} lacks {missing}; a claim names {list(CLAIM_KEYS)}")
-        unknown = [c[k] for k in ("a", "b") if c[k] not in study["variants"]]
+        known = [*study["variants"], *study.get("baselines", [])]
+        unknown = [c[k] for k in ("a", "b") if c[k] not in known]
         if unknown:
             raise SystemExit(
                 f"fedstudy: claim {i + 1} names variant(s) {unknown}; the study has {list(study['variants'])}"

@@ -25,8 +25,8 @@ from server.strategy import FedReIDStrategy
 log = logging.getLogger("fedserver")
 
 
-def build_scorer(cfg: ExperimentConfig, manifest: Manifest, run_dir: Path):
-    """arrays -> metrics on the unseen targets of ``eval.targets`` (None when there are none)."""
+def build_evaluator(cfg: ExperimentConfig, run_dir: Path) -> ReIDEvaluator | None:
+    """The evaluator of ``eval.targets`` (None when there are none): embedding -> metrics."""
     if not cfg.eval.targets:
         return None
     e = cfg.eval
@@ -34,7 +34,7 @@ def build_scorer(cfg: ExperimentConfig, manifest: Manifest, run_dir: Path):
         load_target(name, t.reader, t.root, num_splits=t.num_splits, seed=cfg.seed, split_dir=run_dir / "splits")
         for name, t in e.targets.items()
     ]
-    evaluator = ReIDEvaluator(
+    return ReIDEvaluator(
         targets,
         height=cfg.model.height,
         width=cfg.model.width,
@@ -46,6 +46,13 @@ def build_scorer(cfg: ExperimentConfig, manifest: Manifest, run_dir: Path):
         max_rank=e.max_rank,
         linear_probe=e.linear_probe,
     )
+
+
+def build_scorer(cfg: ExperimentConfig, manifest: Manifest, run_dir: Path):
+    """arrays -> metrics on the unseen targets of ``eval.targets`` (None when there are none)."""
+    evaluator = build_evaluator(cfg, run_dir)
+    if evaluator is None:
+        return None
     model = model_for(cfg, 1)
     return lambda arrays: evaluate_arrays(evaluator, model, lambda m, a: set_shared(m, manifest, a), arrays)
 

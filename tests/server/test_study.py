@@ -205,3 +205,20 @@ def test_the_pretrained_start_is_made_once_and_given_to_every_run(tmp_path, monk
     assert f"model.pretrained={tmp_path / 'w.pth'}" in cmd
     with pytest.raises(SystemExit, match="pretrain: source pretraining: unknown key"):
         load_study(str(path), ["pretrain.depth=3"])
+
+
+def test_round0_baseline_rows_and_claims_against_them(tmp_path, capsys):
+    path = _study(tmp_path)
+    path.write_text(
+        path.read_text()
+        + "baselines: [round0]\nclaims:\n"
+        + "  - {claim: training helps, source: Sec. 1, metric: mean/R1, a: low, b: round0, direction: greater}\n"
+    )
+    out = tmp_path / "out"
+    main([str(path), "--out", str(out)])
+    res = json.loads((out / "results.json").read_text())
+    # round 0 of the first variant (low, x=0.2): 0.2 + 0.01 seed; the final round adds 0.2
+    assert res["summary"]["round0"]["mean/R1"]["mean"] == pytest.approx(np.mean([0.2, 0.21, 0.22]))
+    assert res["claims"][0]["difference"] == pytest.approx(0.2) and res["claims"][0]["verdict"] == "holds"
+    with pytest.raises(SystemExit, match=r"unknown baseline\(s\) \['pixels'\]"):
+        load_study(str(path), ["baselines=[pixels]"])
