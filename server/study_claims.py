@@ -6,7 +6,8 @@ The study file lists the papers' claims, each as two variants compared on one me
       - {claim: "FedReID > FedAvg on unseen domains", source: "FedReID Table 2", metric: mean/R1,
          a: fedreid, b: fedavg, direction: greater, margin: 0}
 
-and the plateau rule (server/study_stats.py ``plateau_round``)::
+(``metric_b``, when given, is b's metric: "FedReID's mean R1 > the best single site's", a: fedreid
+on mean/R1, b: local on best/mean/R1), and the plateau rule (server/study_stats.py ``plateau_round``)::
 
     plateau: {metric: mean/R1, k: 3, se: 0.015}
 
@@ -43,8 +44,9 @@ def check_claims(study: dict) -> list[dict]:
             raise SystemExit(
                 f"fedstudy: claim {i + 1}: direction expected one of {DIRECTIONS}, found {c['direction']!r}"
             )
-        if c["metric"] not in study["metrics"]:
-            raise SystemExit(f"fedstudy: claim {i + 1}: metric {c['metric']!r} is not among the study's metrics")
+        for key in ("metric", "metric_b"):
+            if key in c and c[key] not in study["metrics"]:
+                raise SystemExit(f"fedstudy: claim {i + 1}: {key} {c[key]!r} is not among the study's metrics")
     return claims
 
 
@@ -52,14 +54,15 @@ def claim_rows(study: dict, per_run: dict[str, dict[int, dict[str, float]]]) -> 
     """One row per claim: the paired difference a - b over the seeds both variants finished, and the verdict."""
     rows = []
     for c in check_claims(study):
-        m = c["metric"]
+        m, mb = c["metric"], c.get("metric_b", c["metric"])
         a = {s: v[m] for s, v in per_run.get(c["a"], {}).items() if m in v}
-        b = {s: v[m] for s, v in per_run.get(c["b"], {}).items() if m in v}
+        b = {s: v[mb] for s, v in per_run.get(c["b"], {}).items() if mb in v}
         d = paired_difference(a, b)
         margin = float(c.get("margin", 0.0))
         rows.append(
             {
                 **{k: c[k] for k in CLAIM_KEYS},
+                "metric_b": mb,
                 "margin": margin,
                 "difference": d.mean,
                 "ci": [d.lo, d.hi],
@@ -89,8 +92,9 @@ def claims_markdown(rows: list[dict]) -> str:
     for r in rows:
         lo, hi = r["ci"]
         ci = "–" if math.isnan(lo) else f"[{_points(lo)}, {_points(hi)}]"
+        metric = r["metric"] if r["metric_b"] == r["metric"] else f"{r['metric']} vs {r['metric_b']}"
         lines.append(
-            f"| {r['claim']} | {r['source']} | {r['metric']} | {r['a']} − {r['b']} | {_claimed(r)} | "
+            f"| {r['claim']} | {r['source']} | {metric} | {r['a']} − {r['b']} | {_claimed(r)} | "
             f"{_points(r['difference'])} | {ci} | {r['n']} | **{r['verdict']}** |"
         )
     return "\n".join(lines) + "\n"

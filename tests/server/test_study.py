@@ -222,3 +222,17 @@ def test_round0_baseline_rows_and_claims_against_them(tmp_path, capsys):
     assert res["claims"][0]["difference"] == pytest.approx(0.2) and res["claims"][0]["verdict"] == "holds"
     with pytest.raises(SystemExit, match=r"unknown baseline\(s\) \['pixels'\]"):
         load_study(str(path), ["baselines=[pixels]"])
+
+
+def test_a_claim_may_compare_a_with_another_metric_of_b(tmp_path, capsys):
+    path = _study(tmp_path)
+    path.write_text(
+        path.read_text()
+        + "claims:\n  - {claim: x, source: y, metric: mean/R1, metric_b: mean/mAP, a: low, b: high, direction: greater}\n"
+    )
+    out = tmp_path / "out"
+    main([str(path), "--out", str(out)])
+    # low's final R1 0.2 + 0.01 s + 0.2 against high's mAP 0.3 + 0.02 s: 0.1 - 0.01 s over seeds 0..2
+    claim = json.loads((out / "results.json").read_text())["claims"][0]
+    assert claim["difference"] == pytest.approx(np.mean([0.1, 0.09, 0.08])) and claim["metric_b"] == "mean/mAP"
+    assert "| mean/R1 vs mean/mAP |" in (out / "results.md").read_text()
