@@ -91,8 +91,9 @@ def load_study(name_or_path: str, overrides: list[str] | None = None) -> dict:
 
 def apply_scale(study: dict, scale: str, path: Path) -> dict:
     """The study at ``scale`` (``scale=paper``): the entry of its ``scales`` adds its ``args`` and
-    ``overrides`` to the study's, each variant's to the variant's, and replaces any other key
-    (seeds, pretrain, ...); the name gets the scale, so its runs go to their own folder."""
+    ``overrides`` to the study's (an override of a key the study sets replaces the study's), each
+    variant's to the variant's, and replaces any other key (seeds, pretrain, ...); the name gets
+    the scale, so its runs go to their own folder."""
     scales = study.pop("scales", None) or {}
     if not scale:
         return study
@@ -100,8 +101,10 @@ def apply_scale(study: dict, scale: str, path: Path) -> dict:
         raise SystemExit(f"fedstudy: {path} has no scale {scale!r}; expected one of {sorted(scales)}")
     spec = dict(scales[scale] or {})
     out = {**study, "name": f"{study['name']}-{scale}", "scale": scale}
-    for key in ("args", "overrides"):
-        out[key] = [*study.get(key, []), *spec.pop(key, [])]
+    out["args"] = [*study.get("args", []), *spec.pop("args", [])]  # argparse: the last value wins
+    scale_overrides = [str(o) for o in spec.pop("overrides", [])]
+    replaced = {_key(o) for o in scale_overrides}  # the scale's value of a key replaces the study's
+    out["overrides"] = [o for o in study.get("overrides", []) if _key(str(o)) not in replaced] + scale_overrides
     for variant, extra in (spec.pop("variants", None) or {}).items():
         if variant not in study["variants"]:
             raise SystemExit(
@@ -112,6 +115,10 @@ def apply_scale(study: dict, scale: str, path: Path) -> dict:
             base[key] = [*base.get(key, []), *(extra or {}).get(key, [])]
         out["variants"] = {**out["variants"], variant: base}
     return out | spec
+
+
+def _key(override: str) -> str:
+    return override.split("=", 1)[0].lstrip("+~")
 
 
 def fill(text: str, values: dict[str, str]) -> str:
@@ -132,6 +139,8 @@ def run_command(
         values["pretrained"] = str(pretrained)
     args = [fill(str(a), values) for a in [*study["args"], *spec.get("args", [])]]
     overrides = [fill(str(o), values) for o in [*study["overrides"], *spec.get("overrides", [])]]
+    if any("{pretrained}" in x for x in [*args, *overrides]):
+        raise SystemExit("fedstudy: the study uses {pretrained} but has no pretrain: section to make it")
     return [
         sys.executable,
         *map(str, study["command"]),

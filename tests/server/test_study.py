@@ -168,12 +168,12 @@ def test_scale_paper_adds_its_args_and_overrides_and_replaces_the_rest(tmp_path)
     path = _study(tmp_path)
     scales = """
 scales:
-  paper: {overrides: [engine.num_gpus=1], seeds: [5, 6], variants: {low: {overrides: [x=0.3]}}}
+  paper: {overrides: [engine.num_gpus=1, rounds=9], seeds: [5, 6], variants: {low: {overrides: [x=0.3]}}}
 """
     path.write_text(path.read_text() + scales)
     study = load_study(str(path), ["scale=paper"])
     assert study["name"] == "toy-paper" and study["seeds"] == [5, 6]
-    assert study["overrides"] == ["rounds=2", "engine.num_gpus=1"]
+    assert study["overrides"] == ["engine.num_gpus=1", "rounds=9"]  # the scale's rounds replace the study's
     assert study["variants"]["low"]["overrides"] == ["x=0.2", "x=0.3"]  # the later one wins in Hydra
     assert study["variants"]["high"] == {"overrides": ["x=0.6"]}
     plain = load_study(str(path))
