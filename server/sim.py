@@ -108,6 +108,11 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
         default=None,
         help="class worlds: the classes no site trains on, comma-separated (default: the last 2), e.g. 0,6",
     )
+    p.add_argument(
+        "--seen-target",
+        action="store_true",
+        help="class worlds: a second target 'seen' of the training classes' test images (never trained on)",
+    )
     p.add_argument("--iid", action="store_true", help="class worlds: every site all training classes (disjoint images)")
     p.add_argument("--per-class", type=int, default=300, help="class worlds: training images per class and site")
     p.add_argument("--queries-per-class", type=int, default=100)
@@ -155,6 +160,7 @@ def write_world(a: argparse.Namespace, data_dir: Path) -> tuple[dict, dict, list
             per_class=a.per_class,
             queries_per_class=a.queries_per_class,
             gallery_per_class=a.gallery_per_class,
+            seen_target=a.seen_target,
         )
     if not a.pool_sites:
         return roots, targets, a.sites
