@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 from flwr.server import ServerAppComponents
 
+from client.fedreid.train import lr_decays_within
 from common.config.experiment import ExperimentConfig
 from common.config.modes import mode_of
 from common.evaluation.targets import load_target
@@ -86,6 +87,12 @@ def build_components(cfg: ExperimentConfig) -> ServerAppComponents:
         cfg.strategy.mode,
         manifest.describe(),
     )
+    if cfg.train.lr_step_rounds > 0 and not lr_decays_within(cfg.train.lr_step_rounds, cfg.rounds):
+        log.warning(
+            "train.lr_step_rounds=%d >= rounds=%d: the learning rate never decays in this run (constant lr)",
+            cfg.train.lr_step_rounds,
+            cfg.rounds,
+        )
     mode = mode_of(cfg.strategy.mode)  # common/config/modes.py: FedReID and its baselines
     extra = {"head_size": cfg.strategy.fedavg_num_classes} if mode.common_head else {}
     strategy = (FedAvgStrategy if mode.common_head else FedReIDStrategy)(
