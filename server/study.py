@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import subprocess
 import sys
 import time
@@ -250,6 +251,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--timeout", type=float, default=7200, help="seconds one run may take")
     p.add_argument("--tables-only", action="store_true", help="do not run anything: rebuild tables and plots")
     a, overrides = p.parse_known_args(argv)
+    logging.basicConfig(level=logging.INFO, format="fedstudy: %(message)s")  # the pretraining's epochs
     study = load_study(a.study, overrides)
     out = Path(a.out or Path("runs") / "study" / study["name"]).resolve()  # scale=paper: <name>-paper
     t0 = time.time()
