@@ -18,6 +18,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import shutil
@@ -185,6 +186,16 @@ def run_overrides(
     ]
 
 
+def _scored_on_sites(
+    names: list[str], a: argparse.Namespace, out: Path, roots: dict[str, Path], _: list, overrides: list[str]
+) -> list[str]:
+    """The centralised run scored as the federated ones: the personalised protocol on every site's own
+    test identities (the pooled model's Theta_g; the sites hold no state of it: no [Theta_l, Pi_l] rows)."""
+    sites = local_sites(out, roots, names)
+    clear_site_states(sites)
+    return run_overrides(argparse.Namespace(**{**vars(a), "sites": names}), out, roots, sites, overrides)
+
+
 def local_sites(out: Path, roots: dict[str, Path], names: list[str]) -> list[LocalSite]:
     """The demo's sites: their split of the faces, their state under ``out/state``, the public set."""
     return [LocalSite(s, "face_site", roots[s], out / "state" / s, public_root=roots["public"]) for s in names]
@@ -254,8 +265,10 @@ def main(argv: list[str] | None = None) -> None:
     data = Path(a.data_dir).resolve() if a.data_dir else out / "data"
     roots = write_data(data, a.sites, a)
     print(f"sim_fedfr: synthetic faces in {data} ({time.time() - t0:.0f}s)", flush=True)
+    scored = run_overrides  # the evaluation's overrides (below)
     if a.pool_sites:  # the same data (written for these sites), trained as one site
         roots[POOLED] = pool_face_sites([roots[s] for s in a.sites], data / "split" / "clients" / POOLED)
+        scored = functools.partial(_scored_on_sites, list(a.sites))
         a.sites = [POOLED]
     sites = local_sites(out, roots, a.sites)
     clear_site_states(sites)  # every site starts afresh (no DFC, W_l or previous model of an earlier run)
@@ -269,7 +282,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"sim_fedfr: federated training done ({time.time() - t0:.0f}s); evaluating", flush=True)
     from server.fedfr.evaluate import fedfr_eval_main
 
-    code = fedfr_eval_main(compose_experiment(run))
+    code = fedfr_eval_main(compose_experiment(scored(a, out, roots, sites, overrides)))
     summarize(out)
     print(f"sim_fedfr: {time.time() - t0:.0f}s in all; outputs in {out} (fedfr_eval.md, metrics.json, ...)")
     sys.exit(code)

@@ -34,3 +34,20 @@ def test_pooling_refuses_an_identity_in_two_sites_and_needs_the_simulation_engin
         parse_args(["--pool-sites"])
     a_, _ = parse_args(["--pool-sites", "--engine", "simulation", "--sites", "3"])
     assert a_.pool_sites and len(a_.sites) == 3
+
+
+def test_the_pooled_model_is_scored_on_every_sites_own_protocol(tmp_path):
+    from server.fedfr.demo import _scored_on_sites
+
+    a, overrides = parse_args(["--pool-sites", "--engine", "simulation", "--sites", "2", "rounds=1"])
+    roots = {
+        "public": tmp_path / "pub",
+        "ijbc": tmp_path / "ijbc",
+        "face01": tmp_path / "f1",
+        "face02": tmp_path / "f2",
+    }
+    a.sites = ["pooled"]  # what main trains
+    args = _scored_on_sites(["face01", "face02"], a, tmp_path, roots, [], overrides)
+    assert "sites=[face01,face02]" in args and "rounds=1" in args
+    assert f"++fedfr.eval_sites.face02.data_root={tmp_path / 'f2'}" in args
+    assert not any("pooled" in x for x in args)

@@ -39,3 +39,18 @@ def test_more_queries_per_identity_and_more_targets(tmp_path):
         assert gallery == set(per_id)  # every queried identity has gallery images
     # 400 identities x 3 queries: R1's binomial standard error at most 1.5 points even at R1 = 50 %
     assert rate_standard_error(0.5, 400 * 3) <= 0.015
+
+
+def test_ijbc_style_impostor_pairs_grow_as_twice_s_times_s_minus_one(tmp_path):
+    from common.datasets.synthetic_faces import write_ijbc_layout
+
+    write_ijbc_layout(tmp_path, 5, size=16, seed=0)
+    labels = [
+        int(line.split()[2])
+        for line in (tmp_path / "meta" / "ijbc_template_pair_label.txt").read_text().split("\n")
+        if line
+    ]
+    # one gallery template and two probe templates per subject: 5 x 10 pairs, 2 x 5 genuine
+    assert labels.count(1) == 2 * 5 and labels.count(0) == 2 * 5 * 4
+    # fedfr-ablation's 250 subjects: TAR@FAR=1e-4 rests on at least 10 impostor pairs above its threshold
+    assert 2 * 250 * 249 * 1e-4 >= 10
