@@ -79,7 +79,8 @@ def _points(x: float) -> str:
 
 def _claimed(row: dict) -> str:
     m = 100 * row["margin"]
-    return {"greater": f"> {m:+.1f}", "less": f"< {-m:+.1f}", "within": f"within ±{m:.1f}"}[row["direction"]]
+    bound = {"greater": f"{m:+.1f}", "less": f"{-m:+.1f}"}.get(row["direction"]) if m else "0"
+    return {"greater": f"> {bound}", "less": f"< {bound}", "within": f"within ±{m:.1f}"}[row["direction"]]
 
 
 def claims_markdown(rows: list[dict]) -> str:

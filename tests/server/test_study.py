@@ -149,7 +149,7 @@ def test_claims_table_gives_paired_differences_and_verdicts(tmp_path, capsys):
     assert little["verdict"] == "reversed"  # 40 points is not "within 5"
     assert tar["difference"] == 0 and tar["verdict"] == "not resolved"
     md = (out / "results.md").read_text()
-    assert "| high beats low | Table 9 | mean/R1 | high − low | > +0.0 | +40.0 | [+40.0, +40.0] | 3 | **holds** |" in md
+    assert "| high beats low | Table 9 | mean/R1 | high − low | > 0 | +40.0 | [+40.0, +40.0] | 3 | **holds** |" in md
     # the curves rise 0.1 a round: k=1 below 0.15 at round 1 (0..2 evaluated)
     assert [(p["variant"], p["plateau_round"]) for p in res["plateau"]] == [("low", 1), ("high", 1)]
 
