@@ -24,7 +24,8 @@ A study is a YAML file under ``conf/study/`` (or a path)::
 
 Every run goes to ``<out>/runs/<variant>/seed<k>/`` with ``--out`` that folder, the variant's
 ``args`` and ``seed=<k>`` then the overrides; a run whose folder holds ``status.json`` with
-``"status": "completed"`` is skipped, so an interrupted study resumes where it stopped. Data the
+``"status": "completed"`` and whose command exited 0 (``study_run.json``) is skipped, so an
+interrupted study resumes where it stopped. Data the
 runs share (the synthetic world) is written once to ``<out>/data`` (``{data}`` in args and
 overrides), and the pretrained start (server/fedreid/source_pretrain.py) is trained once into
 ``<out>/data/pretrained`` (``pretrain_cache``) and reused (``{pretrained}``). Then
@@ -59,6 +60,7 @@ from server.study_results import curve, final_metrics, write_results
 
 STUDY_DIR = REPO_ROOT / "conf" / "study"
 REQUIRED = ("name", "command", "seeds", "metrics", "variants")
+RUN_RECORD = "study_run.json"  # written by fedstudy when a run's command exited 0
 
 
 def load_study(name_or_path: str, overrides: list[str] | None = None) -> dict:
@@ -169,8 +171,11 @@ def pretrained_start(study: dict, out: Path) -> Path | None:
 
 
 def completed(run_dir: Path) -> bool:
+    """The run finished: its server wrote a completed status.json and its whole command (a FedFR
+    run evaluates after its last round) exited 0, which fedstudy records in study_run.json."""
     try:
-        return json.loads((run_dir / "status.json").read_text()).get("status") == "completed"
+        status = json.loads((run_dir / "status.json").read_text()).get("status")
+        return status == "completed" and json.loads((run_dir / RUN_RECORD).read_text()).get("exit") == 0
     except (OSError, ValueError, AttributeError):
         return False
 
@@ -193,6 +198,7 @@ def run_study(study: dict, out: Path, *, only: list[str] | None = None, timeout_
             continue
         cmd = run_command(study, variant, seed, run_dir, out / "data", pretrained)
         run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / RUN_RECORD).unlink(missing_ok=True)
         t0 = time.time()
         print(f"fedstudy [{i}/{len(jobs)}] {variant} seed {seed}: running ({run_dir})", flush=True)
         proc = processes.start(cmd, processes.tool_env(), log_path=run_dir / "study_run.log", cwd=REPO_ROOT)
@@ -203,6 +209,8 @@ def run_study(study: dict, out: Path, *, only: list[str] | None = None, timeout_
         finally:
             processes.stop(proc, grace_s=30)  # the run's own processes too (its process group)
         took = time.time() - t0
+        if code == 0:
+            atomic_json_save({"exit": 0, "seconds": round(took, 1), "command": cmd}, run_dir / RUN_RECORD)
         if code != 0 or not completed(run_dir):
             raise SystemExit(
                 f"fedstudy: {variant} seed {seed} failed (exit {code}) after {took:.0f}s; "

@@ -236,3 +236,17 @@ def test_a_claim_may_compare_a_with_another_metric_of_b(tmp_path, capsys):
     claim = json.loads((out / "results.json").read_text())["claims"][0]
     assert claim["difference"] == pytest.approx(np.mean([0.1, 0.09, 0.08])) and claim["metric_b"] == "mean/mAP"
     assert "| mean/R1 vs mean/mAP |" in (out / "results.md").read_text()
+
+
+def test_a_run_whose_command_failed_after_its_last_round_is_run_again(tmp_path):
+    # the fake runner writes a completed status.json, then exits 1 (a FedFR evaluation that failed)
+    (tmp_path / "fail_after.py").write_text(FAKE_RUN + "\nimport sys\nif float(kv['x']) > 0.5:\n    sys.exit(1)\n")
+    path = _study(tmp_path, seeds=(0,))
+    path.write_text(path.read_text().replace(str(tmp_path / "fake_run.py"), str(tmp_path / "fail_after.py")))
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit, match="high seed 0 failed"):
+        main([str(path), "--out", str(out)])
+    path.write_text(path.read_text().replace("x=0.6", "x=0.4"))  # the cause fixed
+    main([str(path), "--out", str(out)])
+    calls = [c for c in (out / "calls.txt").read_text().split("\n") if c]
+    assert calls == ["low 0", "high 0", "high 0"]  # high again, low not
