@@ -68,7 +68,7 @@ class SourcePretraining:
     domains: int = 8  # source domains (camera styles), each its own identities
     ids_per_domain: int = 100
     images_per_id: int = 8
-    epochs: int = 6
+    epochs: int = 2  # a start that federated training still improves (docs/studies.md)
     batch_size: int = 64
     lr: float = 0.1  # cosine from lr to 0 over every step
     weight_decay: float = 5e-4
