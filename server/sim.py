@@ -25,8 +25,9 @@ import time
 from pathlib import Path
 
 from common.config.compose import compose_experiment
+from common.datasets import build_reader
 from server.fedfr.demo import main as fedfr_main
-from server.fedreid.demo import DEFAULT_SITES, TARGETS, summarize, write_data
+from server.fedreid.demo import DEFAULT_SITES, summarize, target_domains, write_data
 from server.launch import (
     LocalSite,
     clear_site_states,
@@ -71,6 +72,11 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--train-ids", type=int, default=40, help="identities per site")
     p.add_argument("--images-per-id", type=int, default=8)
     p.add_argument("--target-ids", type=int, default=30, help="test identities per unseen domain")
+    p.add_argument("--targets", type=int, default=2, help="unseen target domains (synth_a, synth_b, ...)")
+    p.add_argument("--target-images-per-id", type=int, default=8, help="images per target identity")
+    p.add_argument(
+        "--queries-per-id", type=int, default=2, help="queries per target identity (one per camera, the rest gallery)"
+    )
     p.add_argument(
         "--site-layouts",
         choices=("market", "real"),
@@ -102,6 +108,11 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
         default=None,
         help="class worlds: the classes no site trains on, comma-separated (default: the last 2), e.g. 0,6",
     )
+    p.add_argument(
+        "--seen-target",
+        action="store_true",
+        help="class worlds: a second target 'seen' of the training classes' test images (never trained on)",
+    )
     p.add_argument("--iid", action="store_true", help="class worlds: every site all training classes (disjoint images)")
     p.add_argument("--per-class", type=int, default=300, help="class worlds: training images per class and site")
     p.add_argument("--queries-per-class", type=int, default=100)
@@ -131,8 +142,11 @@ def write_world(a: argparse.Namespace, data_dir: Path) -> tuple[dict, dict, list
             images_per_id=a.images_per_id,
             target_ids=a.target_ids,
             real_layouts=a.site_layouts == "real",
+            targets=a.targets,
+            target_images_per_id=a.target_images_per_id,
+            queries_per_id=a.queries_per_id,
         )
-        targets = {n: roots[n] for n in TARGETS}
+        targets = {n: roots[n] for n in target_domains(a.targets)}
     else:
         if not a.world_root:
             raise SystemExit(f"--world {a.world}: name the dataset's folder with --world-root")
@@ -146,6 +160,7 @@ def write_world(a: argparse.Namespace, data_dir: Path) -> tuple[dict, dict, list
             per_class=a.per_class,
             queries_per_class=a.queries_per_class,
             gallery_per_class=a.gallery_per_class,
+            seen_target=a.seen_target,
         )
     if not a.pool_sites:
         return roots, targets, a.sites
@@ -153,10 +168,23 @@ def write_world(a: argparse.Namespace, data_dir: Path) -> tuple[dict, dict, list
     return roots, targets, [POOLED]
 
 
+def identity_census(sites: list[LocalSite]) -> int:
+    """The training identities of every site, counted by the reader the site itself uses (what each
+    site answers the FedAvg baseline's census with): the common head's size, one logit each."""
+    return sum(build_reader(s.reader, s.data_root).splits.num_train_pids for s in sites)
+
+
 def server_overrides(
     out: Path, sites: list[LocalSite], targets: dict, engine: str, superlink: str, overrides: list[str]
 ) -> list[str]:
-    """fedserver's overrides: the demo experiment on these sites and targets, then the user's."""
+    """fedserver's overrides: the demo experiment on these sites and targets, then the user's. The
+    FedAvg baseline's common head is sized by the sites' census (strategy.fedavg_num_classes) unless
+    the user sets it (the coordinator then refuses a size that is not the census)."""
+    census = (
+        []
+        if any(o.lstrip("+").startswith("strategy.fedavg_num_classes=") for o in overrides)
+        else [f"strategy.fedavg_num_classes={identity_census(sites)}"]
+    )
     return [
         "experiment=demo",
         f"run_dir={out}",
@@ -167,6 +195,7 @@ def server_overrides(
         *[f"++eval.targets.{n}.reader={reader}" for n, (reader, _) in targets.items()],
         *[f"++eval.targets.{n}.root={root}" for n, (_, root) in targets.items()],
         *(simulation_overrides(sites) if engine == "simulation" else []),
+        *census,
         *overrides,
     ]
 

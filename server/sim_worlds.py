@@ -37,8 +37,10 @@ def write_class_data(
     queries_per_class: int = 100,
     gallery_per_class: int = 500,
     seed: int = 0,
+    seen_target: bool = False,
 ) -> tuple[dict, dict]:
-    """A classification set as sites + one held-out target; returns (site -> (reader, root), target -> ...)."""
+    """A classification set as sites + one held-out target (and, with ``seen_target``, a ``seen``
+    target of the training classes' test images); returns (site -> (reader, root), target -> ...)."""
     if world not in CLASS_WORLDS:
         raise SystemExit(f"--world: expected one of {sorted(CLASS_WORLDS)}, found {world!r}")
     try:
@@ -59,8 +61,10 @@ def write_class_data(
         queries_per_class=queries_per_class,
         gallery_per_class=gallery_per_class,
         seed=seed,
+        seen_target="seen" if seen_target else "",
     )
-    return ({s: ("market1501", roots[s]) for s in sites}, {"held_out": ("market1501", roots["held_out"])})
+    targets = ["held_out", *(["seen"] if seen_target else [])]
+    return ({s: ("market1501", roots[s]) for s in sites}, {t: ("market1501", roots[t]) for t in targets})
 
 
 def pool_sites(data_dir: Path, roots: dict[str, tuple[str, Path]]) -> dict[str, tuple[str, Path]]:

@@ -15,12 +15,23 @@ A study is a YAML file under ``conf/study/`` (or a path)::
       fedavg: {overrides: [strategy=fedavg]}
     tradeoffs:                           # optional: metric against a number each variant stands for
       - {name: beta, x_label: beta, log_x: true, metrics: [mean/R1], points: {beta0: 0, beta1e-3: 0.001}}
+    claims:                              # the papers' claims: a paired difference, its CI, a verdict
+      - {claim: ..., source: Table 2, metric: mean/R1, a: fedreid, b: fedavg, direction: greater}
+    plateau: {metric: mean/R1, k: 3, se: 0.015}   # the rounds-to-plateau rule (server/study_claims.py)
+    pretrain: {backbone: resnet10, ...}  # optional: the pretrained start, {pretrained} in args/overrides
+    scales:                              # optional: fedstudy NAME scale=paper
+      paper: {overrides: [...], seeds: [...]}
 
 Every run goes to ``<out>/runs/<variant>/seed<k>/`` with ``--out`` that folder, the variant's
 ``args`` and ``seed=<k>`` then the overrides; a run whose folder holds ``status.json`` with
-``"status": "completed"`` is skipped, so an interrupted study resumes where it stopped. Data the
-runs share (the synthetic world) is written once to ``<out>/data`` (``{data}`` in args). Then
+``"status": "completed"`` and whose command exited 0 (``study_run.json``) is skipped, so an
+interrupted study resumes where it stopped. Data the
+runs share (the synthetic world) is written once to ``<out>/data`` (``{data}`` in args and
+overrides), and the pretrained start (server/fedreid/source_pretrain.py) is trained once into
+``<out>/data/pretrained`` (``pretrain_cache``) and reused (``{pretrained}``). Then
 ``results.{json,csv,md}`` and plots are written to ``<out>`` (server/study_results.py).
+``scale=paper`` takes the study's ``scales.paper`` entry: its args and overrides are added, any
+other key replaced, and the runs go to ``runs/study/<name>-paper``.
 
     fedstudy fedreid-ablation [--out runs/study/fedreid-ablation] [--only VARIANT,...] [key=value ...]
 
@@ -31,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import subprocess
 import sys
 import time
@@ -42,10 +54,14 @@ from omegaconf import OmegaConf
 from common import processes
 from common.checkpoint import atomic_json_save
 from common.config.compose import REPO_ROOT, conf_dir
+from server.fedreid.source_pretrain import SourcePretraining, cached_pretraining
+from server.study_baselines import baseline_runs, check_baselines
+from server.study_claims import check_claims
 from server.study_results import curve, final_metrics, write_results
 
 STUDY_DIR = REPO_ROOT / "conf" / "study"
 REQUIRED = ("name", "command", "seeds", "metrics", "variants")
+RUN_RECORD = "study_run.json"  # written by fedstudy when a run's command exited 0
 
 
 def load_study(name_or_path: str, overrides: list[str] | None = None) -> dict:
@@ -63,17 +79,72 @@ def load_study(name_or_path: str, overrides: list[str] | None = None) -> dict:
         raise SystemExit(f"fedstudy: {path} lacks {missing}; a study names {list(REQUIRED)}")
     if not study["variants"]:
         raise SystemExit(f"fedstudy: {path} lists no variants")
+    study = apply_scale(study, str(study.pop("scale", "") or ""), path)
     study.setdefault("args", [])
     study.setdefault("overrides", [])
     study["variants"] = {str(v): (spec or {}) for v, spec in study["variants"].items()}
+    if study.get("pretrain") is not None:
+        try:
+            SourcePretraining.from_dict(study["pretrain"])
+        except (TypeError, ValueError) as e:
+            raise SystemExit(f"fedstudy: {path} pretrain: {e}") from None
+    check_baselines(study)
+    check_claims(study)  # a claim naming an unknown variant or metric is refused before any run
     return study
 
 
-def run_command(study: dict, variant: str, seed: int, run_dir: Path, data_dir: Path) -> list[str]:
+def apply_scale(study: dict, scale: str, path: Path) -> dict:
+    """The study at ``scale`` (``scale=paper``): the entry of its ``scales`` adds its ``args`` and
+    ``overrides`` to the study's (an override of a key the study sets replaces the study's), each
+    variant's to the variant's, and replaces any other key (seeds, pretrain, ...); the name gets
+    the scale, so its runs go to their own folder."""
+    scales = study.pop("scales", None) or {}
+    if not scale:
+        return study
+    if scale not in scales:
+        raise SystemExit(f"fedstudy: {path} has no scale {scale!r}; expected one of {sorted(scales)}")
+    spec = dict(scales[scale] or {})
+    out = {**study, "name": f"{study['name']}-{scale}", "scale": scale}
+    out["args"] = [*study.get("args", []), *spec.pop("args", [])]  # argparse: the last value wins
+    scale_overrides = [str(o) for o in spec.pop("overrides", [])]
+    replaced = {_key(o) for o in scale_overrides}  # the scale's value of a key replaces the study's
+    out["overrides"] = [o for o in study.get("overrides", []) if _key(str(o)) not in replaced] + scale_overrides
+    for variant, extra in (spec.pop("variants", None) or {}).items():
+        if variant not in study["variants"]:
+            raise SystemExit(
+                f"fedstudy: {path} scale {scale!r} names variant {variant!r}; the study has {list(study['variants'])}"
+            )
+        base = dict(study["variants"][variant] or {})
+        for key in ("args", "overrides"):
+            base[key] = [*base.get(key, []), *(extra or {}).get(key, [])]
+        out["variants"] = {**out["variants"], variant: base}
+    return out | spec
+
+
+def _key(override: str) -> str:
+    return override.split("=", 1)[0].lstrip("+~")
+
+
+def fill(text: str, values: dict[str, str]) -> str:
+    """``{data}``, ``{out}``, ``{seed}``, ``{pretrained}`` in an argument or override replaced by their
+    values; any other brace (a Hydra dict) is left as it is."""
+    for key, value in values.items():
+        text = text.replace("{" + key + "}", value)
+    return text
+
+
+def run_command(
+    study: dict, variant: str, seed: int, run_dir: Path, data_dir: Path, pretrained: Path | None = None
+) -> list[str]:
     """The command line of one run (this interpreter, the study's command, its args, the variant's)."""
     spec = study["variants"][variant]
-    fill = {"data": str(data_dir), "out": str(run_dir), "seed": str(seed)}
-    args = [str(a).format(**fill) for a in [*study["args"], *spec.get("args", [])]]
+    values = {"data": str(data_dir), "out": str(run_dir), "seed": str(seed)}
+    if pretrained is not None:
+        values["pretrained"] = str(pretrained)
+    args = [fill(str(a), values) for a in [*study["args"], *spec.get("args", [])]]
+    overrides = [fill(str(o), values) for o in [*study["overrides"], *spec.get("overrides", [])]]
+    if any("{pretrained}" in x for x in [*args, *overrides]):
+        raise SystemExit("fedstudy: the study uses {pretrained} but has no pretrain: section to make it")
     return [
         sys.executable,
         *map(str, study["command"]),
@@ -81,14 +152,31 @@ def run_command(study: dict, variant: str, seed: int, run_dir: Path, data_dir: P
         str(run_dir),
         *args,
         f"seed={seed}",
-        *map(str, study["overrides"]),
-        *map(str, spec.get("overrides", [])),
+        *overrides,
     ]
 
 
+def pretrained_start(study: dict, out: Path) -> Path | None:
+    """The study's pretrained start (``pretrain:`` in the study file): trained once on the synthetic
+    source world, kept by its parameters' hash (server/fedreid/source_pretrain.py); None without one."""
+    if study.get("pretrain") is None:
+        return None
+    cache = Path(fill(str(study.get("pretrain_cache", "{data}/pretrained")), {"data": str(out / "data")}))
+    t0 = time.time()
+    print(f"fedstudy: pretrained start (cache {cache})", flush=True)
+    path = cached_pretraining(
+        SourcePretraining.from_dict(study["pretrain"]), cache, study.get("pretrain_device", "cpu")
+    )
+    print(f"fedstudy: pretrained start {path} ({time.time() - t0:.0f}s)", flush=True)
+    return path
+
+
 def completed(run_dir: Path) -> bool:
+    """The run finished: its server wrote a completed status.json and its whole command (a FedFR
+    run evaluates after its last round) exited 0, which fedstudy records in study_run.json."""
     try:
-        return json.loads((run_dir / "status.json").read_text()).get("status") == "completed"
+        status = json.loads((run_dir / "status.json").read_text()).get("status")
+        return status == "completed" and json.loads((run_dir / RUN_RECORD).read_text()).get("exit") == 0
     except (OSError, ValueError, AttributeError):
         return False
 
@@ -102,14 +190,16 @@ def run_study(study: dict, out: Path, *, only: list[str] | None = None, timeout_
     if unknown:
         raise SystemExit(f"fedstudy: unknown variant(s) {unknown}; the study has {list(study['variants'])}")
     jobs = [(v, int(s)) for v in variants for s in study["seeds"]]
+    pretrained = pretrained_start(study, out)
     t_study = time.time()
     for i, (variant, seed) in enumerate(jobs, 1):
         run_dir = out / "runs" / variant / f"seed{seed}"
         if completed(run_dir):
             print(f"fedstudy [{i}/{len(jobs)}] {variant} seed {seed}: done before, skipped", flush=True)
             continue
-        cmd = run_command(study, variant, seed, run_dir, out / "data")
+        cmd = run_command(study, variant, seed, run_dir, out / "data", pretrained)
         run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / RUN_RECORD).unlink(missing_ok=True)
         t0 = time.time()
         print(f"fedstudy [{i}/{len(jobs)}] {variant} seed {seed}: running ({run_dir})", flush=True)
         proc = processes.start(cmd, processes.tool_env(), log_path=run_dir / "study_run.log", cwd=REPO_ROOT)
@@ -120,6 +210,8 @@ def run_study(study: dict, out: Path, *, only: list[str] | None = None, timeout_
         finally:
             processes.stop(proc, grace_s=30)  # the run's own processes too (its process group)
         took = time.time() - t0
+        if code == 0:
+            atomic_json_save({"exit": 0, "seconds": round(took, 1), "command": cmd}, run_dir / RUN_RECORD)
         if code != 0 or not completed(run_dir):
             raise SystemExit(
                 f"fedstudy: {variant} seed {seed} failed (exit {code}) after {took:.0f}s; "
@@ -145,6 +237,10 @@ def collect(study: dict, out: Path, variants: list[str]) -> dict:
             per_run.setdefault(variant, {})[int(seed)] = final_metrics(run_dir, study["metrics"])
             for m, per_variant in curves.items():
                 per_variant.setdefault(variant, []).append(curve(run_dir, m))
+    first = next(iter(study["variants"]))
+    done = {int(s): out / "runs" / first / f"seed{int(s)}" for s in study["seeds"]}
+    done = {s: d for s, d in done.items() if completed(d)}
+    per_run |= baseline_runs(study, done, study["metrics"])  # round 0, raw pixels: per seed
     return write_results(out, study, per_run, curves)
 
 
@@ -182,8 +278,9 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> None:
     p = parser()
     a, overrides = p.parse_known_args(argv)
+    logging.basicConfig(level=logging.INFO, format="fedstudy: %(message)s")  # the pretraining's epochs
     study = load_study(a.study, overrides)
-    out = Path(a.out or Path("runs") / "study" / study["name"]).resolve()
+    out = Path(a.out or Path("runs") / "study" / study["name"]).resolve()  # scale=paper: <name>-paper
     t0 = time.time()
     if a.tables_only:
         collect(study, out, list(study["variants"]))

@@ -3,7 +3,8 @@
 Inputs are the run folders a study wrote (``runs/<variant>/seed<k>/``), each with the usual
 ``metrics.json`` (one row per round) and, for FedFR, ``fedfr_eval.json``. Outputs, in the study
 folder: ``results.json`` (everything, per seed too), ``results.csv`` (variant, metric, mean, std, n),
-``results.md`` (variants x metrics, "mean ± std"), ``curves_<metric>.png`` (metric per round, one
+``results.md`` (the claims table and the plateau table of server/study_claims.py, then variants x
+metrics, "mean ± std"), ``curves_<metric>.png`` (metric per round, one
 line per variant, mean over seeds with a ±std band) and one plot per trade-off the study names.
 """
 
@@ -18,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from common.checkpoint import atomic_json_save, atomic_write_bytes
+from server.study_claims import claim_rows, claims_markdown, plateau_markdown, plateau_rows
 
 
 def flatten(tree: Any, prefix: str = "") -> dict[str, float]:
@@ -101,6 +103,8 @@ def write_results(study_dir: str | Path, study: dict, per_run: dict, curves: dic
     study_dir = Path(study_dir)
     metrics = list(study["metrics"])
     summary = summarize(per_run, metrics)
+    claims = claim_rows(study, per_run)
+    plateaus = plateau_rows(study, curves)
     atomic_json_save(
         {
             "study": study["name"],
@@ -108,13 +112,20 @@ def write_results(study_dir: str | Path, study: dict, per_run: dict, curves: dic
             "seeds": study["seeds"],
             "metrics": metrics,
             "summary": summary,
+            "claims": claims,
+            "plateau": plateaus,
             "per_run": {v: {str(s): m for s, m in seeds.items()} for v, seeds in per_run.items()},
         },
         study_dir / "results.json",
     )
     atomic_write_bytes(study_dir / "results.csv", csv_table(summary, metrics).encode())
     md = f"# {study['name']}\n\n{study.get('description', '').strip()}\n\nseeds: {list(study['seeds'])}\n\n"
-    md += markdown_table(summary, metrics)
+    if claims:
+        md += "## Claims\n\nPaired per-seed differences a − b with their 95 % t interval (server/study_stats.py).\n\n"
+        md += claims_markdown(claims) + "\n"
+    if plateaus:
+        md += "## Plateau\n\n" + plateau_markdown(study, plateaus) + "\n"
+    md += "## Variants (mean ± std over seeds)\n\n" + markdown_table(summary, metrics)
     atomic_write_bytes(study_dir / "results.md", md.encode())
     for m in study.get("curve_metrics", metrics):
         plot_curves(study_dir / f"curves_{_safe(m)}.png", m, curves.get(m, {}))

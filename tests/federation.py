@@ -47,7 +47,14 @@ def tiny_fedfr_demo(out: Path, timeout_s: int = 420) -> list[str]:
     args = ["--out", str(out), "--sites", "face1", "face2", "--public-ids", "6", "--public-images", "4"]
     args += ["--ids-per-site", "3", "--train", "4", "--test", "2", "--ijbc-subjects", "4", "--size", "16"]
     args += ["--timeout", str(timeout_s)]
-    overrides = ["rounds=1", "fedfr.embedding_dim=16", "fedfr.pretrain_epochs=1", "fedfr.pretrain_batch_size=8"]
+    # the demo decays the learning rate at round 4: these runs are shorter
+    overrides = [
+        "rounds=1",
+        "fedfr.lr_milestones=[]",
+        "fedfr.embedding_dim=16",
+        "fedfr.pretrain_epochs=1",
+        "fedfr.pretrain_batch_size=8",
+    ]
     overrides += ["fedfr.local_epochs=1", "fedfr.batch_size=4", "eval.batch_size=32"]
     overrides += ["wait_for_sites_s=120", "round_timeout_s=180"]
     return [sys.executable, "-m", "server.fedfr.demo", *args, *overrides]

@@ -52,7 +52,7 @@ def normalize_pretrained(value: str | None) -> str:
 
 @dataclass
 class ModelConfig:
-    backbone: str = "resnet50"  # resnet18 | resnet34 | resnet50 (paper: resnet50)
+    backbone: str = "resnet50"  # resnet10 | resnet18 | resnet34 | resnet50 (paper: resnet50)
     # imagenet (paper: torchvision's ImageNet weights, fetched once into the torch cache) | /path/to.pth
     # (an offline coordinator) | none (random start: warned about, recorded). common/models/pretrained.py
     pretrained: str | None = "imagenet"
@@ -96,7 +96,7 @@ class StrategyConfig:
     fraction: float = 1.0  # S: ceil(S*N) sites per round
     min_fit_sites: int = 1  # fewer valid replies than this: the round keeps the previous model
     min_available_sites: int = 4  # wait for this many sites before round 1 (later rounds go on down to min_fit_sites)
-    # fedavg mode: logits of the common head, >= the sum of the sites' identity counts (each site's
+    # fedavg mode: logits of the common head, exactly the sum of the sites' identity counts (each site's
     # labels are offset by the counts of the sites before it; the counts come from the sites at round 1)
     fedavg_num_classes: int = 0
     # S as the paper writes it (Eq. 5-6): every site trains each round, the server averages ceil(S*N) of

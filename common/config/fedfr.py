@@ -154,3 +154,15 @@ class FedFRConfig:
         for site, d in self.eval_sites.items():
             if not isinstance(d, dict) or not set(d) <= {"data_root", "state_dir"}:
                 raise bad(f"eval_sites.{site}", "a mapping with data_root and state_dir", d)
+
+
+def check_lr_milestones(milestones: list[int], rounds: int) -> None:
+    """Refuse an lr milestone past the run's last round: a run of ``rounds`` rounds would never
+    decay its learning rate and train every round at the undecayed rate without saying so."""
+    late = sorted(r for r in milestones if r > rounds)
+    if late:
+        raise ValueError(
+            f"config fedfr.lr_milestones: expected rounds within the run (1..rounds={rounds}), found {late} past "
+            f"the last round, so the lr would never decay; set rounds >= {late[0]} or fedfr.lr_milestones "
+            f"(e.g. fedfr.lr_milestones=[{rounds}], or [] for a constant lr)"
+        )

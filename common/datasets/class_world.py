@@ -98,11 +98,14 @@ def write_class_world(
     gallery_per_class: int,
     seed: int,
     target_name: str = "held_out",
+    seen_target: str = "",
 ) -> dict[str, Path]:
     """Write every site's training folder and the held-out target; returns name -> dataset root.
 
     ``per_class`` training images per class and site (disjoint images between sites in every
-    split). Skipped when ``out/world.json`` already records the same world and sizes.
+    split). ``seen_target`` (a name): a second target of the training classes' test images (never
+    trained on): can the global embedding tell apart classes that no single site held together?
+    Skipped when ``out/world.json`` already records the same world and sizes.
     """
     out = Path(out)
     record = {
@@ -113,11 +116,12 @@ def write_class_world(
         "gallery_per_class": gallery_per_class,
         "seed": seed,
         "target": target_name,
+        **({"seen_target": seen_target} if seen_target else {}),
         "train_images": len(train[1]),
         "test_images": len(test[1]),
     }
     record = json.loads(json.dumps(record))  # tuples as lists, as the marker file holds them
-    roots = {name: out / name for name in [*site_names, target_name]}
+    roots = {name: out / name for name in [*site_names, target_name, *([seen_target] if seen_target else [])]}
     marker = out / "world.json"
     if marker.is_file() and json.loads(marker.read_text()) == record:
         return roots
@@ -136,15 +140,35 @@ def write_class_world(
             used[c] += per_class
             _write(base / "bounding_box_train", images, labels, take, cam=1 + k % 6)
     t_images, t_labels = test
-    base = _empty_market(roots[target_name])
+    targets = {target_name: world.held_out}
+    if seen_target:
+        targets[seen_target] = tuple(sorted({c for classes in world.site_classes for c in classes}))
+    for name, classes in targets.items():
+        _write_target(roots[name], world, t_images, t_labels, classes, queries_per_class, gallery_per_class, rng)
+    marker.write_text(json.dumps(record, indent=1))
+    return roots
+
+
+def _write_target(
+    root: Path,
+    world: ClassWorld,
+    t_images: np.ndarray,
+    t_labels: np.ndarray,
+    classes: tuple[int, ...],
+    queries_per_class: int,
+    gallery_per_class: int,
+    rng: np.random.Generator,
+) -> None:
+    """A retrieval target of ``classes``' test images: queries (camera 1) and gallery (camera 2)."""
+    base = _empty_market(root)
     # the reader wants a non-empty training folder; nothing reads it: two test images of a training class
     filler = np.flatnonzero(t_labels == world.site_classes[0][0])[:2]
     _write(base / "bounding_box_train", t_images, t_labels, filler, cam=1)
-    for c in world.held_out:
+    for c in classes:
         idx = rng.permutation(np.flatnonzero(t_labels == c))
         if len(idx) < queries_per_class + gallery_per_class:
             raise ValueError(
-                f"held-out class {c}: {len(idx)} test images, fewer than "
+                f"class {c}: {len(idx)} test images, fewer than "
                 f"{queries_per_class} queries + {gallery_per_class} gallery"
             )
         _write(base / "query", t_images, t_labels, idx[:queries_per_class], cam=1)
@@ -155,8 +179,6 @@ def write_class_world(
             idx[queries_per_class : queries_per_class + gallery_per_class],
             cam=2,
         )
-    marker.write_text(json.dumps(record, indent=1))
-    return roots
 
 
 def pool_market_sites(roots: list[Path], out: str | Path) -> Path:

@@ -152,11 +152,12 @@ def write_market_layout(
     seed: int = 0,
     dataset_dir: str = "Market-1501-v15.09.15",
     identity_seed: int | None = None,
+    queries_per_id: int = 2,
 ) -> Path:
     """Write a Market-1501-layout dataset; returns the dataset folder.
 
     Train and test identities are disjoint (as in Market-1501). Each test identity gets one
-    query image per camera it appears in (at most 2 cameras used for queries) and the rest go to
+    query image per camera it appears in (at most ``queries_per_id`` cameras) and the rest go to
     the gallery; the gallery also holds ``num_distractors`` pid-0 images and ``num_junk`` pid -1
     images. ``identity_seed`` draws the identities' looks (default: ``seed``); the domain always
     comes from ``seed``.
@@ -187,7 +188,7 @@ def write_market_layout(
                 arr = render_person(ident, domain, cam, rng, height, width)
                 if is_train:
                     save(dirs["bounding_box_train"], int(pid), cam, arr)
-                elif cam not in queried and len(queried) < 2:
+                elif cam not in queried and len(queried) < queries_per_id:
                     queried.add(cam)
                     save(dirs["query"], int(pid), cam, arr)
                 else:

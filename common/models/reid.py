@@ -1,7 +1,7 @@
 """FedReID model: a shared embedding network F (Eq. 1) and a site-private mapping head C (Eq. 2).
 
 ``f = F(x; w_f)`` is a torchvision ResNet without its classifier (global average pooled,
-2048-d for ResNet-50, 512-d for ResNet-18/34). ``d = C(f; w_c)`` is
+2048-d for ResNet-50, 512-d for ResNet-10/18/34). ``d = C(f; w_c)`` is
 FC(dim -> 512) -> BN -> ReLU -> Dropout -> FC(512 -> Z_i), Z_i = the site's identity count.
 Only F is ever shared (Eq. 8); each site keeps its own C (Eq. 7, "multi-head").
 """
@@ -12,7 +12,22 @@ import torch
 from torch import nn
 from torchvision import models
 
-BACKBONES = {"resnet18": models.resnet18, "resnet34": models.resnet34, "resnet50": models.resnet50}
+
+def resnet10(weights: None = None) -> models.ResNet:
+    """ResNet-10: torchvision's ResNet with one BasicBlock per stage (ResNet-18 has two), about half
+    its compute; for studies on CPUs. No ImageNet weights exist for it: start it from a file
+    (server/fedreid/source_pretrain.py) or at random."""
+    if weights is not None:
+        raise ValueError("resnet10 has no torchvision weights; give model.pretrained a file or none")
+    return models.ResNet(models.resnet.BasicBlock, [1, 1, 1, 1])
+
+
+BACKBONES = {
+    "resnet10": resnet10,
+    "resnet18": models.resnet18,
+    "resnet34": models.resnet34,
+    "resnet50": models.resnet50,
+}
 
 
 class Embedding(nn.Module):

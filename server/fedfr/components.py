@@ -16,6 +16,7 @@ import torch
 from flwr.server import ServerAppComponents
 
 from common.config.experiment import ExperimentConfig
+from common.config.fedfr import check_lr_milestones
 from common.models.fedfr import expected_fedfr_manifest
 from common.params import get_shared
 from common.seeding import seed_everything
@@ -29,6 +30,7 @@ log = logging.getLogger("fedserver")
 
 
 def build_components(cfg: ExperimentConfig) -> ServerAppComponents:
+    check_lr_milestones(cfg.fedfr.lr_milestones, cfg.rounds)  # before anything is written
     run_dir = cfg.resolved_run_dir()
     run_dir.mkdir(parents=True, exist_ok=True)
     seed_everything(cfg.seed)

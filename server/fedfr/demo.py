@@ -18,13 +18,16 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import json
+import os
 import shutil
 import sys
 import time
 from pathlib import Path
 
 from common.config.compose import compose_experiment
+from common.config.fedfr import check_lr_milestones
 from common.datasets import face_split, synthetic_faces
 from common.datasets.face_split import plan_split, read_identities, write_split
 from common.datasets.fingerprint import MARKER, data_fingerprint, is_current, mark_complete
@@ -85,6 +88,34 @@ def write_data(data: Path, sites: list[str], a: argparse.Namespace) -> dict[str,
     return {"public": data / "public", "ijbc": data / "ijbc", **{s: data / "split" / "clients" / s for s in sites}}
 
 
+POOLED = "pooled"
+
+
+def pool_face_sites(site_roots: list[Path], out: Path) -> Path:
+    """The centralised bound's one site: every site's train/ and test/ identity folders in one site
+    folder (hard links, or copies across file systems); identities stay apart (their folder names)."""
+    done = out / ".complete"
+    if done.exists():
+        return out
+    shutil.rmtree(out, ignore_errors=True)
+    for root in site_roots:
+        for part in ("train", "test"):
+            for ident in sorted(p for p in (root / part).iterdir() if p.is_dir()):
+                dst = out / part / ident.name
+                if dst.exists():
+                    raise SystemExit(
+                        f"--pool-sites: identity {ident.name} is in two sites ({root}); expected disjoint sites"
+                    )
+                dst.mkdir(parents=True)
+                for img in sorted(ident.iterdir()):
+                    try:
+                        os.link(img, dst / img.name)
+                    except OSError:
+                        shutil.copy2(img, dst / img.name)
+    done.touch()
+    return out
+
+
 def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     """The demo's options and the Hydra overrides of its runs."""
     p = argparse.ArgumentParser(
@@ -120,10 +151,18 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
         help="folder of pre-trained models Theta_g^0 kept by what made them (pre-training settings, seed, public "
         "data, code): a run whose pre-training is there copies it instead of pre-training (studies)",
     )
+    p.add_argument(
+        "--pool-sites",
+        action="store_true",
+        help="the centralised bound: one virtual site 'pooled' with every site's images, the same rounds and "
+        "epochs (--engine simulation)",
+    )
     options, overrides = split_overrides(list(argv if argv is not None else sys.argv[1:]))
     a, rest = p.parse_known_args(options)
     overrides = rest + overrides  # anything argparse does not know goes to Hydra, which names it
     a.sites = site_list(a.sites, a.engine, prefix="face")
+    if a.pool_sites and a.engine != "simulation":
+        raise SystemExit("--pool-sites: the pooled site runs as a virtual site; add --engine simulation")
     return a, overrides
 
 
@@ -145,6 +184,16 @@ def run_overrides(
         *(simulation_overrides(sites) if a.engine == "simulation" else []),
         *overrides,
     ]
+
+
+def _scored_on_sites(
+    names: list[str], a: argparse.Namespace, out: Path, roots: dict[str, Path], _: list, overrides: list[str]
+) -> list[str]:
+    """The centralised run scored as the federated ones: the personalised protocol on every site's own
+    test identities (the pooled model's Theta_g; the sites hold no state of it: no [Theta_l, Pi_l] rows)."""
+    sites = local_sites(out, roots, names)
+    clear_site_states(sites)
+    return run_overrides(argparse.Namespace(**{**vars(a), "sites": names}), out, roots, sites, overrides)
 
 
 def local_sites(out: Path, roots: dict[str, Path], names: list[str]) -> list[LocalSite]:
@@ -205,12 +254,22 @@ def federate(a: argparse.Namespace, out: Path, sites: list[LocalSite], overrides
 
 def main(argv: list[str] | None = None) -> None:
     a, overrides = parse_args(argv)
+    cfg = compose_experiment(["experiment=fedfr-demo", *overrides])
+    try:
+        check_lr_milestones(cfg.fedfr.lr_milestones, cfg.rounds)  # before any data or pre-training
+    except ValueError as e:
+        raise SystemExit(f"sim_fedfr: {e}") from None
     out = Path(a.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
     data = Path(a.data_dir).resolve() if a.data_dir else out / "data"
     roots = write_data(data, a.sites, a)
     print(f"sim_fedfr: synthetic faces in {data} ({time.time() - t0:.0f}s)", flush=True)
+    scored = run_overrides  # the evaluation's overrides (below)
+    if a.pool_sites:  # the same data (written for these sites), trained as one site
+        roots[POOLED] = pool_face_sites([roots[s] for s in a.sites], data / "split" / "clients" / POOLED)
+        scored = functools.partial(_scored_on_sites, list(a.sites))
+        a.sites = [POOLED]
     sites = local_sites(out, roots, a.sites)
     clear_site_states(sites)  # every site starts afresh (no DFC, W_l or previous model of an earlier run)
     run = run_overrides(a, out, roots, sites, overrides)
@@ -223,7 +282,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"sim_fedfr: federated training done ({time.time() - t0:.0f}s); evaluating", flush=True)
     from server.fedfr.evaluate import fedfr_eval_main
 
-    code = fedfr_eval_main(compose_experiment(run))
+    code = fedfr_eval_main(compose_experiment(scored(a, out, roots, sites, overrides)))
     summarize(out)
     print(f"sim_fedfr: {time.time() - t0:.0f}s in all; outputs in {out} (fedfr_eval.md, metrics.json, ...)")
     sys.exit(code)

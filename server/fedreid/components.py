@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 from flwr.server import ServerAppComponents
 
+from client.fedreid.train import lr_decays_within
 from common.config.experiment import ExperimentConfig
 from common.config.modes import mode_of
 from common.evaluation.targets import load_target
@@ -25,8 +26,8 @@ from server.strategy import FedReIDStrategy
 log = logging.getLogger("fedserver")
 
 
-def build_scorer(cfg: ExperimentConfig, manifest: Manifest, run_dir: Path):
-    """arrays -> metrics on the unseen targets of ``eval.targets`` (None when there are none)."""
+def build_evaluator(cfg: ExperimentConfig, run_dir: Path) -> ReIDEvaluator | None:
+    """The evaluator of ``eval.targets`` (None when there are none): embedding -> metrics."""
     if not cfg.eval.targets:
         return None
     e = cfg.eval
@@ -34,7 +35,7 @@ def build_scorer(cfg: ExperimentConfig, manifest: Manifest, run_dir: Path):
         load_target(name, t.reader, t.root, num_splits=t.num_splits, seed=cfg.seed, split_dir=run_dir / "splits")
         for name, t in e.targets.items()
     ]
-    evaluator = ReIDEvaluator(
+    return ReIDEvaluator(
         targets,
         height=cfg.model.height,
         width=cfg.model.width,
@@ -46,6 +47,13 @@ def build_scorer(cfg: ExperimentConfig, manifest: Manifest, run_dir: Path):
         max_rank=e.max_rank,
         linear_probe=e.linear_probe,
     )
+
+
+def build_scorer(cfg: ExperimentConfig, manifest: Manifest, run_dir: Path):
+    """arrays -> metrics on the unseen targets of ``eval.targets`` (None when there are none)."""
+    evaluator = build_evaluator(cfg, run_dir)
+    if evaluator is None:
+        return None
     model = model_for(cfg, 1)
     return lambda arrays: evaluate_arrays(evaluator, model, lambda m, a: set_shared(m, manifest, a), arrays)
 
@@ -79,6 +87,12 @@ def build_components(cfg: ExperimentConfig) -> ServerAppComponents:
         cfg.strategy.mode,
         manifest.describe(),
     )
+    if cfg.train.lr_step_rounds > 0 and not lr_decays_within(cfg.train.lr_step_rounds, cfg.rounds):
+        log.warning(
+            "train.lr_step_rounds=%d >= rounds=%d: the learning rate never decays in this run (constant lr)",
+            cfg.train.lr_step_rounds,
+            cfg.rounds,
+        )
     mode = mode_of(cfg.strategy.mode)  # common/config/modes.py: FedReID and its baselines
     extra = {"head_size": cfg.strategy.fedavg_num_classes} if mode.common_head else {}
     strategy = (FedAvgStrategy if mode.common_head else FedReIDStrategy)(

@@ -19,18 +19,37 @@ from common.datasets.synthetic import write_market_layout
 DEFAULT_SITES = ["market1501", "dukemtmc", "cuhk03", "msmt17"]
 # --site-layouts real: each site's data in the real layout of the dataset it stands for
 REAL_LAYOUTS = {"market1501": "market1501", "dukemtmc": "dukemtmc", "cuhk03": "cuhk03", "msmt17": "msmt17"}
-# unseen target domains: (layout = reader, seed, layout options)
+# unseen target domains: (layout = reader, seed); ``target_domains(n)`` gives n of them
 TARGETS = {"synth_a": ("market1501", 101), "synth_b": ("market1501", 102)}
+MAX_TARGETS = 26
+
+
+def target_domains(n: int = 2) -> dict[str, tuple[str, int]]:
+    """The first ``n`` unseen target domains: synth_a (seed 101), synth_b (102), synth_c (103), ..."""
+    if not 1 <= n <= MAX_TARGETS:
+        raise ValueError(f"target domains: expected 1..{MAX_TARGETS}, found {n}")
+    return {f"synth_{chr(ord('a') + i)}": ("market1501", 101 + i) for i in range(n)}
 
 
 def write_data(
-    data_dir: Path, sites: list[str], *, train_ids: int, images_per_id: int, target_ids: int, real_layouts: bool = False
+    data_dir: Path,
+    sites: list[str],
+    *,
+    train_ids: int,
+    images_per_id: int,
+    target_ids: int,
+    real_layouts: bool = False,
+    targets: int = 2,
+    target_images_per_id: int = 8,
+    queries_per_id: int = 2,
 ) -> dict:
     """One private dataset per site and two unseen target domains (reused only if the current
     generator wrote them with these parameters, else rewritten: see common/datasets/fingerprint.py).
 
     Returns name -> (reader, root). By default every site is written in the Market-1501 layout;
     ``real_layouts`` writes dukemtmc, cuhk03 and msmt17 in their own layouts (read by their readers).
+    ``targets`` unseen domains (``target_domains``), each with ``target_ids`` test identities of
+    ``target_images_per_id`` images, ``queries_per_id`` of them queries (one per camera).
     """
     roots = {}
     for i, site in enumerate(sites):
@@ -54,14 +73,16 @@ def write_data(
                 lambda root, p: write_layout(p["layout"], root, **{k: v for k, v in p.items() if k != "layout"}),
             ),
         )
-    for name, (layout, seed) in TARGETS.items():
+    for name, (layout, seed) in target_domains(targets).items():
         params = {
             "num_train_ids": 2,
             "num_test_ids": target_ids,
-            "images_per_id": 8,
+            "images_per_id": target_images_per_id,
             "num_distractors": 20,
             "seed": seed,
             "identity_seed": 2000 + seed,
+            # only when not the default, so the data written before this option stays current
+            **({"queries_per_id": queries_per_id} if queries_per_id != 2 else {}),
         }
         roots[name] = (layout, _write_once(data_dir / name, params, lambda root, p: write_market_layout(root, **p)))
     return roots

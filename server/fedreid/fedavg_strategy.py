@@ -5,7 +5,9 @@ FedAvg averages every parameter, so the head is common to all sites. With each s
 baseline has non-overlapping identity spaces. Each site's labels are therefore offset by the
 identity counts of the sites before it in the configured ``sites`` order. The counts come from
 the sites themselves (a ``get_properties`` census before round 1: ``{"site", "num_identities"}``),
-never from a hard-coded total; they must fit ``strategy.fedavg_num_classes`` logits.
+never from a hard-coded total; ``strategy.fedavg_num_classes`` must equal their sum (one logit per
+identity: a larger head would train logits that belong to no one, so the run is refused). ``fedsim``
+sets it from the same census of the data it writes (server/sim.py ``identity_census``).
 """
 
 from __future__ import annotations
@@ -81,25 +83,17 @@ class FedAvgStrategy(FedReIDStrategy):
                 f"{missing} within {self.wait_for_sites_s:.0f}s (wait_for_sites_s)"
             )
         total = sum(self.counts[s] for s in self.sites)
-        if total > self.head_size:
+        if total != self.head_size:
             raise ValueError(
-                f"the sites hold {total} identities ({self.counts}), more than the common head's "
-                f"strategy.fedavg_num_classes={self.head_size}: set it to {total}"
+                f"fedavg: the sites hold {total} identities ({self.counts}) but the common head has "
+                f"strategy.fedavg_num_classes={self.head_size} logits; one logit per identity: set it to {total}"
             )
         log.info(
-            "fedavg census: identities per site %s, label offsets %s (%d of %d logits used)",
+            "fedavg census: identities per site %s, label offsets %s (%d logits, one per identity)",
             self.counts,
             label_offsets(self.counts, self.sites),
             total,
-            self.head_size,
         )
-        if total < self.head_size:
-            log.warning(
-                "fedavg: %d logits of the common head belong to no identity; "
-                "strategy.fedavg_num_classes=%d gives one logit per identity",
-                self.head_size - total,
-                total,
-            )
 
     def _ask(self, proxy: ClientProxy) -> tuple[str, int] | None:
         try:

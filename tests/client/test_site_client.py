@@ -104,6 +104,18 @@ def test_learning_rate_steps_down_every_40_rounds():
         assert opt.param_groups[1]["lr"] == pytest.approx(0.1 * factor)
 
 
+def test_a_run_no_longer_than_the_step_never_decays():
+    from client.fedreid.train import lr_decays_within, make_optimizer, set_round_lr
+
+    # by set_round_lr itself: the last round of a run trains at the base lr unless rounds > step
+    opt = make_optimizer(
+        model_for(tiny_config(), 3), lr_embedding=0.01, lr_head=0.1, momentum=0.9, nesterov=True, weight_decay=0
+    )
+    for step, rounds in ((40, 16), (40, 40), (40, 41), (4, 16), (0, 16)):
+        decayed = set_round_lr(opt, rounds, step, 0.1) < 1.0
+        assert lr_decays_within(step, rounds) == decayed, (step, rounds)
+
+
 def test_site_process_in_memory_state_gives_the_same_rounds_as_per_message_clientapps(tiny_site, tmp_path, monkeypatch):
     """One long-lived site (state held in memory, written in the background) and a new site object per
     round (state read from disk, as a per-message ClientApp) send the same updates, bit for bit."""

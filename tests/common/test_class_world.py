@@ -325,3 +325,19 @@ def test_fedsim_class_world_and_pooled_site(tmp_path):
     assert [build_reader("market1501", r).splits.num_train_pids for _, r in iid.values()] == [2, 2]
     with pytest.raises(SystemExit, match="cannot read"):
         write_class_data(tmp_path / "data", "cifar10", src, ["a", "b"])
+
+
+def test_seen_target_holds_the_training_classes_test_images(tmp_path):
+    train, test = _toy(12, 6, 0), _toy(5, 6, 1)
+    world = split_classes(6, 2, 2)  # sites: classes 0-1 and 2-3; held out: 4, 5
+    kw = dict(site_names=["s1", "s2"], per_class=4, queries_per_class=2, gallery_per_class=3, seed=0)
+    plain = write_class_world(tmp_path / "plain", world, train, test, **kw)
+    roots = write_class_world(tmp_path / "seen", world, train, test, seen_target="seen", **kw)
+    seen = build_reader("market1501", roots["seen"])
+    assert sorted({x.pid for x in seen.query}) == [1, 2, 3, 4]  # training classes 0-3 -> pids 1-4
+    assert len(seen.query) == 4 * 2 and len(seen.gallery) == 4 * 3
+    # drawn from the test split (the frame number is the index in it): 5 images per class there
+    assert all(int(os.path.basename(x.path).split("_")[2]) < 30 for x in seen.query + seen.gallery)
+    # the held-out target is the one written without the seen target, file for file
+    names = [sorted(p.name for p in r["held_out"].rglob("*.png")) for r in (plain, roots)]
+    assert names[0] == names[1]

@@ -69,3 +69,19 @@ def test_evaluation_reads_the_runs_own_config(tmp_path):
     assert cfg.fedfr.backbone == "sphere4"  # from the run, not from experiment=fedfr
     fresh = run_config([f"run_dir={tmp_path / 'none'}"])  # no config.json: the paper's experiment
     assert fresh.fedfr.backbone == "sphere64"
+
+
+def test_a_milestone_past_the_last_round_is_refused_in_one_line(tmp_path):
+    from common.config.fedfr import check_lr_milestones
+    from server.fedfr.demo import main as fedfr_demo
+
+    check_lr_milestones([4], 4)  # the demo's decay at its last round
+    check_lr_milestones([], 1)
+    with pytest.raises(
+        ValueError, match=r"fedfr\.lr_milestones: expected rounds within the run \(1\.\.rounds=3\), found \[4\]"
+    ):
+        check_lr_milestones([2, 4], 3)
+    # fedsim experiment=fedfr-demo rounds=3 (the demo decays at round 4): refused before anything is written
+    with pytest.raises(SystemExit, match=r"^sim_fedfr: config fedfr\.lr_milestones: .* found \[4\]") as e:
+        fedfr_demo(["--out", str(tmp_path / "run"), "rounds=3"])
+    assert "\n" not in str(e.value) and not (tmp_path / "run").exists()

@@ -79,6 +79,28 @@ def test_fedavg_strategy_sends_offsets_from_the_sites_census():
         small.configure_fit(1, packed(init), manager_of(["dukemtmc", "market1501"]))
 
 
+def test_fedavg_refuses_a_head_with_logits_that_belong_to_no_identity():
+    # the preset's 3,261 logits (the four real datasets) on sites holding 4 + 5 identities
+    big, init = _fedavg_strategy(_fedavg_cfg(3261), {"market1501": 4, "dukemtmc": 5}, [])
+    with pytest.raises(ValueError, match=r"hold 9 identities .* strategy\.fedavg_num_classes=3261 .* set it to 9"):
+        big.configure_fit(1, packed(init), manager_of(["dukemtmc", "market1501"]))
+
+
+def test_fedsim_sizes_the_fedavg_head_from_the_census_of_the_sites_data(two_sites, tmp_path):
+    from server.launch import LocalSite
+    from server.sim import server_overrides
+
+    sites = [LocalSite(s, "market1501", two_sites[s], tmp_path / s) for s in SITES]
+    # each site was written with 4 training identities (the fixture): 4 + 4 logits
+    args = server_overrides(tmp_path, sites, {}, "deployment", "127.0.0.1:1", ["strategy=fedavg"])
+    assert "strategy.fedavg_num_classes=8" in args
+    from common.config.compose import compose_experiment
+
+    assert compose_experiment(args).strategy.fedavg_num_classes == 8  # over the preset's 3,261
+    mine = server_overrides(tmp_path, sites, {}, "deployment", "x:1", ["strategy.fedavg_num_classes=5"])
+    assert [a for a in mine if "fedavg_num_classes" in a] == ["strategy.fedavg_num_classes=5"]  # the user's
+
+
 @pytest.fixture(scope="module")
 def two_sites(tmp_path_factory):
     roots = {}

@@ -125,3 +125,128 @@ def test_final_metrics_takes_the_last_round_reporting_each(tmp_path):
     rows = [{"round": 0, "mean/R1": 0.1}, {"round": 1, "mean/R1": 0.3, "x": 1}, {"round": 2, "x": 2}]
     (tmp_path / "metrics.json").write_text(json.dumps(rows))
     assert final_metrics(tmp_path, ["mean/R1", "x", "y"]) == {"mean/R1": 0.3, "x": 2.0}
+
+
+CLAIMS = """
+claims:
+  - {claim: "high beats low", source: "Table 9", metric: mean/R1, a: high, b: low, direction: greater}
+  - {claim: "high costs little", source: "Sec. 9", metric: mean/R1, a: high, b: low, direction: within, margin: 0.05}
+  - {claim: "no gap in TAR", source: "Table 9", metric: generic/tar/1e-3, a: high, b: low, direction: greater}
+plateau: {metric: mean/R1, k: 1, se: 0.15}
+"""
+
+
+def test_claims_table_gives_paired_differences_and_verdicts(tmp_path, capsys):
+    path = _study(tmp_path)
+    path.write_text(path.read_text() + CLAIMS)
+    out = tmp_path / "out"
+    main([str(path), "--out", str(out)])
+    res = json.loads((out / "results.json").read_text())
+    # every seed: high - low = 0.6 - 0.2 on mean/R1 (same seed term): mean 0.4, a zero-width interval
+    beats, little, tar = res["claims"]
+    assert beats["difference"] == pytest.approx(0.4) and beats["ci"] == pytest.approx([0.4, 0.4])
+    assert (beats["n"], beats["verdict"]) == (3, "holds")
+    assert little["verdict"] == "reversed"  # 40 points is not "within 5"
+    assert tar["difference"] == 0 and tar["verdict"] == "not resolved"
+    md = (out / "results.md").read_text()
+    assert "| high beats low | Table 9 | mean/R1 | high − low | > 0 | +40.0 | [+40.0, +40.0] | 3 | **holds** |" in md
+    # the curves rise 0.1 a round: k=1 below 0.15 at round 1 (0..2 evaluated)
+    assert [(p["variant"], p["plateau_round"]) for p in res["plateau"]] == [("low", 1), ("high", 1)]
+
+
+def test_a_claim_naming_an_unknown_variant_is_refused_before_any_run(tmp_path):
+    path = _study(tmp_path)
+    path.write_text(
+        path.read_text() + CLAIMS.replace("a: high, b: low, direction: within", "a: mid, b: low, direction: within")
+    )
+    with pytest.raises(SystemExit, match=r"claim 2 names variant\(s\) \['mid'\]"):
+        load_study(str(path))
+    assert not (tmp_path / "calls.txt").exists()
+
+
+def test_scale_paper_adds_its_args_and_overrides_and_replaces_the_rest(tmp_path):
+    path = _study(tmp_path)
+    scales = """
+scales:
+  paper: {overrides: [engine.num_gpus=1, rounds=9], seeds: [5, 6], variants: {low: {overrides: [x=0.3]}}}
+"""
+    path.write_text(path.read_text() + scales)
+    study = load_study(str(path), ["scale=paper"])
+    assert study["name"] == "toy-paper" and study["seeds"] == [5, 6]
+    assert study["overrides"] == ["engine.num_gpus=1", "rounds=9"]  # the scale's rounds replace the study's
+    assert study["variants"]["low"]["overrides"] == ["x=0.2", "x=0.3"]  # the later one wins in Hydra
+    assert study["variants"]["high"] == {"overrides": ["x=0.6"]}
+    plain = load_study(str(path))
+    assert plain["name"] == "toy" and plain["seeds"] == [0, 1, 2] and "scales" not in plain
+    with pytest.raises(SystemExit, match=r"has no scale 'huge'; expected one of \['paper'\]"):
+        load_study(str(path), ["scale=huge"])
+
+
+def test_the_pretrained_start_is_made_once_and_given_to_every_run(tmp_path, monkeypatch, capsys):
+    import server.study as study_mod
+
+    path = _study(tmp_path, seeds=(0, 1))
+    path.write_text(
+        path.read_text().replace("overrides: [rounds=2]", "overrides: [rounds=2, 'model.pretrained={pretrained}']")
+        + "pretrain: {domains: 2, ids_per_domain: 3}\n"
+    )
+    made: list = []
+
+    def fake(p, cache, device):
+        made.append((p.domains, p.ids_per_domain, str(cache)))
+        return cache / "weights.pth"
+
+    monkeypatch.setattr(study_mod, "cached_pretraining", fake)
+    out = tmp_path / "out"
+    main([str(path), "--out", str(out)])
+    assert made == [(2, 3, str(out / "data" / "pretrained"))]  # once for the four runs
+    study = load_study(str(path))
+    cmd = run_command(study, "low", 0, tmp_path / "r", tmp_path / "d", tmp_path / "w.pth")
+    assert f"model.pretrained={tmp_path / 'w.pth'}" in cmd
+    with pytest.raises(SystemExit, match="pretrain: source pretraining: unknown key"):
+        load_study(str(path), ["pretrain.depth=3"])
+
+
+def test_round0_baseline_rows_and_claims_against_them(tmp_path, capsys):
+    path = _study(tmp_path)
+    path.write_text(
+        path.read_text()
+        + "baselines: [round0]\nclaims:\n"
+        + "  - {claim: training helps, source: Sec. 1, metric: mean/R1, a: low, b: round0, direction: greater}\n"
+    )
+    out = tmp_path / "out"
+    main([str(path), "--out", str(out)])
+    res = json.loads((out / "results.json").read_text())
+    # round 0 of the first variant (low, x=0.2): 0.2 + 0.01 seed; the final round adds 0.2
+    assert res["summary"]["round0"]["mean/R1"]["mean"] == pytest.approx(np.mean([0.2, 0.21, 0.22]))
+    assert res["claims"][0]["difference"] == pytest.approx(0.2) and res["claims"][0]["verdict"] == "holds"
+    with pytest.raises(SystemExit, match=r"unknown baseline\(s\) \['pixels'\]"):
+        load_study(str(path), ["baselines=[pixels]"])
+
+
+def test_a_claim_may_compare_a_with_another_metric_of_b(tmp_path, capsys):
+    path = _study(tmp_path)
+    path.write_text(
+        path.read_text()
+        + "claims:\n  - {claim: x, source: y, metric: mean/R1, metric_b: mean/mAP, a: low, b: high, direction: greater}\n"
+    )
+    out = tmp_path / "out"
+    main([str(path), "--out", str(out)])
+    # low's final R1 0.2 + 0.01 s + 0.2 against high's mAP 0.3 + 0.02 s: 0.1 - 0.01 s over seeds 0..2
+    claim = json.loads((out / "results.json").read_text())["claims"][0]
+    assert claim["difference"] == pytest.approx(np.mean([0.1, 0.09, 0.08])) and claim["metric_b"] == "mean/mAP"
+    assert "| mean/R1 vs mean/mAP |" in (out / "results.md").read_text()
+
+
+def test_a_run_whose_command_failed_after_its_last_round_is_run_again(tmp_path):
+    # the fake runner writes a completed status.json, then exits 1 (a FedFR evaluation that failed)
+    (tmp_path / "fail_after.py").write_text(FAKE_RUN + "\nimport sys\nif float(kv['x']) > 0.5:\n    sys.exit(1)\n")
+    path = _study(tmp_path, seeds=(0,))
+    path.write_text(path.read_text().replace(str(tmp_path / "fake_run.py"), str(tmp_path / "fail_after.py")))
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit, match="high seed 0 failed"):
+        main([str(path), "--out", str(out)])
+    path.write_text(path.read_text().replace("x=0.6", "x=0.4"))  # the cause fixed
+    main([str(path), "--out", str(out)])
+    calls = [c for c in (out / "calls.txt").read_text().split("\n") if c]
+    assert calls == ["low 0", "high 0", "high 0"]  # high again, low not
