@@ -36,12 +36,6 @@ def set_round_lr(optimizer: torch.optim.Optimizer, server_round: int, step_round
     return factor
 
 
-def lr_decays_within(step_rounds: int, rounds: int) -> bool:
-    """Whether ``set_round_lr``'s step decay happens in a run of ``rounds`` rounds: the first decay is
-    at round step_rounds + 1 (step_rounds 0: no schedule, nothing to decay)."""
-    return 0 < step_rounds < rounds
-
-
 def _batches(loader: DataLoader, unit: str, iters: int, max_steps_per_epoch: int) -> Iterator:
     if unit == "step":
         return itertools.islice(itertools.chain.from_iterable(itertools.repeat(loader)), iters)

@@ -9,10 +9,10 @@ from pathlib import Path
 import torch
 from flwr.server import ServerAppComponents
 
-from client.fedreid.train import lr_decays_within
 from common.config.experiment import ExperimentConfig
 from common.config.modes import mode_of
 from common.evaluation.targets import load_target
+from common.lr_schedule import lr_decays_within
 from common.models.builder import expected_manifest, initial_model, model_for
 from common.models.pretrained import describe_init
 from common.params import Manifest, get_shared, set_shared

@@ -105,7 +105,8 @@ def test_learning_rate_steps_down_every_40_rounds():
 
 
 def test_a_run_no_longer_than_the_step_never_decays():
-    from client.fedreid.train import lr_decays_within, make_optimizer, set_round_lr
+    from client.fedreid.train import make_optimizer, set_round_lr
+    from common.lr_schedule import lr_decays_within
 
     # by set_round_lr itself: the last round of a run trains at the base lr unless rounds > step
     opt = make_optimizer(
