@@ -101,9 +101,12 @@ def resume_config(run_dir: str | Path, overrides: list[str] | None = None) -> Ex
     if not cfg.app_dir:
         cfg.app_dir = str(REPO_ROOT)
     ignored = ignored_saved_keys(saved, cfg.to_dict())
-    if ignored:
+    if ignored:  # one line, however many keys the file holds
+        named = ", ".join(k[:60] for k in ignored[:16]) + (
+            f" and {len(ignored) - 16} more" if len(ignored) > 16 else ""
+        )
         print(
-            f"fedserver: resume: {path} names {', '.join(ignored)} other than this command: not used "
+            f"fedserver: resume: {path} names {named} other than this command: not used "
             "(code and transport settings come from the command line and the defaults)",
             flush=True,
         )

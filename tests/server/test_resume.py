@@ -224,6 +224,12 @@ def test_an_unchanged_run_folder_resumes_without_a_report(tmp_path, capsys):
     back = resume_config(tmp_path, ["superlink.address=127.0.0.1:19092", "superlink.insecure=true"])
     assert back.superlink == cfg.superlink and back.app_dir == str(REPO_ROOT)
     assert "not used" not in capsys.readouterr().out
+    flood = cfg.to_dict()
+    flood["superlink"] |= {f"k{i}": i for i in range(5000)}  # keys the schema does not know: not read either
+    (tmp_path / "config.json").write_text(json.dumps(flood))
+    assert resume_config(tmp_path, ["superlink.insecure=true"]).superlink.insecure is True
+    lines = [x for x in capsys.readouterr().out.splitlines() if "not used" in x]
+    assert len(lines) == 1 and " more other than this command" in lines[0] and len(lines[0]) < 1000, lines
     (tmp_path / "config.json").write_text("[1, 2]")
     with pytest.raises(ValueError, match="expected the run's configuration \\(a JSON object\\), found list"):
         resume_config(tmp_path)
