@@ -44,15 +44,12 @@ clientapp = "evil:client"
 experiment-json = "{}"
 """
 
+# on import, wherever Flower loads it: leave the marker, then end the run at once
 EVIL_APP = """\
 from pathlib import Path
 
-from flwr.client import ClientApp
-from flwr.server import ServerApp
-
-Path({marker!r}).write_text("the run folder's code ran")  # on import, wherever Flower loads it
-app = ServerApp()
-client = ClientApp()
+Path({marker!r}).write_text("the run folder's code ran")
+raise SystemExit("the crafted app ran")
 """
 
 
