@@ -81,8 +81,7 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--public-root",
-        help="FedFR: this site's copy of the public face data (default: the site "
-        "config's public_root, else the run's fedfr.public_root)",
+        help="FedFR: this site's copy of the public face data (default: the site config's public_root)",
     )
     p.add_argument("--flwr-home", help="Flower home folder of this SuperNode (default: <state-dir>/flwr_home)")
     p.add_argument(

@@ -57,7 +57,9 @@ Public:  on a non-loopback superlink.address the SuperLink listens on 127.0.0.1:
 Admin:   fedserver certs | register-site | list-sites | unregister-site  (each with --help)
 Resume:  fedserver resume=RUN_DIR [superlink.*=... round_timeout_s=... wait_for_sites_s=...]
          continues a stopped or crashed run from RUN_DIR/global_latest.pt (written after every
-         round) with RUN_DIR/config.json. Then restart every site's fedclient: the new SuperLink
+         round) with RUN_DIR/config.json. app_dir, superlink.* and engine.ray_address are never read
+         from that file: give them again (TLS files, node_auth, site_keys, address); saved values
+         that differ are named in one line and not used. Then restart every site's fedclient: the new SuperLink
          does not know their nodes (unless superlink.persist_state=true, where sites still
          retrying, --max-wait-time, carry on by themselves)
 """

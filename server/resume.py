@@ -12,6 +12,13 @@ checkpointed parameters with ``round_offset=k`` and runs the remaining ``rounds 
 Only operational keys (addresses, timeouts, TLS files, evaluation device) may be changed on resume:
 anything else would make the resumed run a different experiment.
 
+A run folder is data, never instructions: whoever can write ``config.json`` (a folder handed over,
+restored from a backup, shared) must not choose which code runs or how the coordinator's traffic is
+protected. So the keys of ``COMMAND_LINE_ONLY`` (the Flower app folder, every ``superlink.*`` key:
+addresses, TLS, node authentication, the key registry; the Ray cluster joined) are never read from
+the saved file: they come from this command line and the defaults, as for a new run. Saved values
+that differ are reported in one line, and not used.
+
 Exactness: a run interrupted after round k and resumed ends with bit-identical global parameters
 to an uninterrupted run when (1) ``strategy.fraction`` is 1 and client noise is off (``privacy.beta``
 0 or ``privacy.client_noise=false``): sampling and the per-site noise draws are assigned in the order
@@ -36,7 +43,7 @@ import json
 import shutil
 from pathlib import Path
 
-from common.config.compose import merge_overrides
+from common.config.compose import REPO_ROOT, merge_overrides
 from common.config.experiment import ExperimentConfig
 from server.checkpoint import CHECKPOINT, load_server_checkpoint
 from server.dp import dp_settings
@@ -60,11 +67,17 @@ RESUMABLE_OVERRIDES = (
 )
 
 
+# keys that decide which code runs and how the coordinator's traffic is protected: on resume
+# they come from the command line and the defaults, never from the run folder's config.json
+COMMAND_LINE_ONLY = ("app_dir", "superlink", "engine.ray_address")
+
+
 def resume_config(run_dir: str | Path, overrides: list[str] | None = None) -> ExperimentConfig:
     """The experiment of ``run_dir/config.json`` set to continue from its checkpoint.
 
     ``resume_from`` is set when a checkpoint exists; without one (the coordinator died before
-    round 0 was reported) the run simply starts again, which gives the same result.
+    round 0 was reported) the run simply starts again, which gives the same result. The keys of
+    ``COMMAND_LINE_ONLY`` are this command's (``overrides``) or the defaults, whatever the file says.
     """
     run_dir = Path(run_dir).expanduser().resolve()
     path = run_dir / "config.json"
@@ -79,14 +92,75 @@ def resume_config(run_dir: str | Path, overrides: list[str] | None = None) -> Ex
                 f"(found {item!r}); the experiment itself is read from {path}"
             )
     saved = json.loads(path.read_text())
+    if not isinstance(saved, dict):
+        raise ValueError(f"{path}: expected the run's configuration (a JSON object), found {type(saved).__name__}")
     saved["run_dir"] = str(run_dir)  # the folder given, also when it was moved since
-    cfg = merge_overrides(overrides, saved=saved)
+    defaults = merge_overrides().to_dict()  # conf/ as for a new run, before this command's overrides
+    trusted = dict(saved)
+    for key in COMMAND_LINE_ONLY:
+        _set(trusted, key, _get(defaults, key))
+    cfg = merge_overrides(overrides, saved=trusted)
+    if not cfg.app_dir:
+        cfg.app_dir = str(REPO_ROOT)
+    ignored = ignored_saved_keys(saved, cfg.to_dict())
+    if ignored:  # one line, however many keys the file holds
+        named = ", ".join(k[:60] for k in ignored[:16]) + (
+            f" and {len(ignored) - 16} more" if len(ignored) > 16 else ""
+        )
+        print(
+            f"fedserver: resume: {path} names {named} other than this command: not used "
+            "(code and transport settings come from the command line and the defaults)",
+            flush=True,
+        )
     server_task(cfg.task).check_resumable(cfg)
     ck = run_dir / CHECKPOINT
     cfg.resume_from = str(ck) if ck.is_file() else ""
     if cfg.resume_from:
         load_server_checkpoint(ck)  # refuse an unsafe or older file here, before any process starts
     return cfg
+
+
+_MISSING = object()
+
+
+def _get(d: dict, key: str) -> object:
+    for part in key.split("."):
+        if not isinstance(d, dict) or part not in d:
+            return _MISSING
+        d = d[part]
+    return d
+
+
+def _set(d: dict, key: str, value: object) -> None:
+    *parents, last = key.split(".")
+    for part in parents:
+        if not isinstance(d.get(part), dict):
+            d[part] = {}
+        d[part] = dict(d[part])  # the caller's nested dicts stay as they were
+        d = d[part]
+    if value is _MISSING:
+        d.pop(last, None)
+    else:
+        d[last] = value
+
+
+def ignored_saved_keys(saved: dict, used: dict) -> list[str]:
+    """The ``COMMAND_LINE_ONLY`` keys (leaves, dotted) whose value in ``saved`` (a run's config.json)
+    is not the one ``used``; a saved key that does not exist in ``used`` counts too."""
+    out = []
+
+    def walk(key: str, s: object, u: object) -> None:
+        if isinstance(s, dict):
+            for k, v in s.items():
+                walk(f"{key}.{k}", v, u.get(k, _MISSING) if isinstance(u, dict) else _MISSING)
+        elif s != u:
+            out.append(key)
+
+    for key in COMMAND_LINE_ONLY:
+        s = _get(saved, key)
+        if s is not _MISSING:
+            walk(key, s, _get(used, key))
+    return out
 
 
 def announce_resume(cfg: ExperimentConfig) -> bool:

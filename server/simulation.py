@@ -149,11 +149,14 @@ def fill_virtual_sites(cfg: ExperimentConfig) -> dict[str, VirtualSiteConfig]:
         if not vs.data_root:
             raise SystemExit(f"fedserver: virtual site {site!r}: engine.sites.{site}.data_root is empty")
         state = vs.state_dir or default_state_dir(site)
+        # FedFR: a virtual site reads the coordinator's copy of the public data unless given its own
+        # (fedfr.public_root itself is not in the site view)
+        public = vs.public_root or cfg.fedfr.public_root
         out[site] = VirtualSiteConfig(
             reader=vs.reader,
             data_root=_abs(vs.data_root),
             state_dir=_abs(state),
-            public_root=_abs(vs.public_root) if vs.public_root else "",
+            public_root=_abs(public) if public else "",
             device=vs.device,
         )
     return out

@@ -9,7 +9,8 @@ A subclass of Flower's ``FedAvg`` that overrides the hooks, not the round loop:
   serialisation; an independent noise draw per site with Eq. 15) and the manifest hash;
 - ``aggregate_fit``: checks every reply on its own (``server/replies.py``: sizes before decoding,
   shape, dtype, finite values, metrics); a bad reply is dropped with one log line naming the site
-  and the reason. Each update's influence is bounded (its distance to what was sent, at most
+  and the reason. Metric keys the task does not declare (``SITE_METRICS``, ``server/site_metrics.py``)
+  are dropped from the reply with one log line naming the site; the reply itself stays. Each update's influence is bounded (its distance to what was sent, at most
   ``norm_bound`` x the round's lower-median distance: clipped or rejected), then the updates are
   averaged (Eq. 8; weighted by capped image counts as FedFR's Eq. 2/4; or a robust rule), noise is
   added to the aggregate (Eq. 14). With client-level DP (``privacy.dp``, ``server/dp.py``) each update
@@ -66,6 +67,7 @@ from server.aggregate import (
 from server.dp import DPSettings, add_dp_noise, dp_scales
 from server.replies import ReplyError, check_metrics, decode_arrays, encode_arrays
 from server.reply_checks import ArrivalProxy, CheckedReplies, CheckedReply, check_reply
+from server.site_metrics import FEDREID_SITE_METRICS, SiteMetrics, describe_dropped
 from server.sites import SiteRoster
 from server.thread_map import coordinator_threads, thread_map
 
@@ -110,6 +112,8 @@ class _Valid:
 
 
 class FedReIDStrategy(FedAvg):
+    SITE_METRICS = FEDREID_SITE_METRICS  # the metric keys this task's sites may report
+
     def __init__(
         self,
         *,
@@ -139,6 +143,7 @@ class FedReIDStrategy(FedAvg):
         round_offset: int = 0,
         threads: int = 0,
         dp: DPSettings | None = None,
+        site_metrics: SiteMetrics | None = None,
     ) -> None:
         check_arrays(manifest, initial_arrays, who="initial parameters")
         if sampling not in SAMPLINGS or aggregation not in AGGREGATIONS or norm_action not in NORM_ACTIONS:
@@ -202,6 +207,7 @@ class FedReIDStrategy(FedAvg):
                 dp.delta,
                 "; the mean is unweighted (image-count weights would give one site more than C/n)" if weighted else "",
             )
+        self.site_metrics = site_metrics or self.SITE_METRICS  # None: the task's own declaration
 
     def __repr__(self) -> str:
         return f"FedReIDStrategy(S={self.fraction_fit}, beta={self.beta}, manifest={self.manifest.hash})"
@@ -363,7 +369,10 @@ class FedReIDStrategy(FedAvg):
             who = f"update of site {site}"
             try:
                 rec.bytes_received += sum(len(t) for t in res.parameters.tensors if isinstance(t, (bytes, bytearray)))
-                metrics = check_metrics(res.metrics, who)
+                allowed, dropped = self.site_metrics.allowed(res.metrics, who)
+                if dropped:  # one line, however many keys
+                    log.warning("round %d: site %s: %s", rec.server_round, site, describe_dropped(dropped))
+                metrics = check_metrics(allowed, who)
                 if c.error is not None:
                     raise c.error
                 count = self.reply_count(site, res, metrics)

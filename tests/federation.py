@@ -148,7 +148,9 @@ class Federation:
         return self.launcher.sites
 
     def start_server(self, *, resume: bool = False) -> subprocess.Popen:
-        args = [f"resume={self.run_dir}"] if resume else self.overrides
+        # a resume takes code and transport settings from its command line only (server/resume.py)
+        transport = [o for o in self.overrides if o.startswith("superlink.")]
+        args = [f"resume={self.run_dir}", *transport] if resume else self.overrides
         return self.launcher.start_server(args, log_path=self.root / "fedserver.log")
 
     def start_site(self, site: str, fault: str = "") -> subprocess.Popen:

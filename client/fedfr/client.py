@@ -63,11 +63,13 @@ class FedFRClient(NumPyClient):
             )
         self.device = resolve_device(settings.device)
         self.data = FaceSite(settings.data_root)
+        # the site's own copy (the coordinator's fedfr.public_root is not in the site view); a full
+        # config (tests, the coordinator's own evaluation) may still name it
         root = public_root or self.f.public_root
         if not root:
             raise ValueError(
-                f"site {settings.site}: no public data; set fedfr.public_root (the same path on every "
-                "site) or the site's public_root (fedclient --public-root)"
+                f"site {settings.site}: no public data; set the site's public_root (fedclient "
+                f"--public-root DIR, or public_root in conf/site/{settings.site}.yaml)"
             )
         self.public = FaceFolder(root)
         self.manifest = expected_fedfr_manifest(self.f, self.public.num_identities)

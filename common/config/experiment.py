@@ -185,7 +185,16 @@ class SuperLinkConfig:
 
 
 # keys of ExperimentConfig that stay on the coordinator (ExperimentConfig.site_view)
-SITE_HIDDEN = ("superlink", "run_dir", "app_dir", "resume_from", "eval.targets", "fedfr.pretrained", "fedfr.ijbc_root")
+SITE_HIDDEN = (
+    "superlink",
+    "run_dir",
+    "app_dir",
+    "resume_from",
+    "eval.targets",
+    "fedfr.pretrained",
+    "fedfr.ijbc_root",
+    "fedfr.public_root",
+)
 
 
 @dataclass
@@ -230,7 +239,8 @@ class ExperimentConfig:
         """What the sites receive (Flower's run config): the experiment without the coordinator's
         own settings. No ``superlink.*`` (addresses, TLS key and certificate paths, the key registry),
         no coordinator paths (``run_dir``, ``app_dir``, ``resume_from``, ``eval.targets``,
-        ``fedfr.pretrained``, ``fedfr.ijbc_root``); ``from_dict`` fills them with defaults. The
+        ``fedfr.pretrained``, ``fedfr.ijbc_root``, ``fedfr.public_root``: a site names its own copy of
+        the public data); ``from_dict`` fills them with defaults. The
         noise secret is never part of any config (``server/app.py`` keeps it in the checkpoint).
         """
         d = self.to_dict()

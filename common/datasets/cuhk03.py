@@ -52,6 +52,7 @@ from common.datasets.base import (
     resolve_base,
 )
 from common.datasets.images import screen_images
+from common.datasets.listed_paths import listed_path
 
 KINDS = ("detected", "labeled")
 _NAME = re.compile(r"^(\d+)_(\d+)_([12])_(\d+)\.png$")
@@ -190,7 +191,7 @@ class CUHK03(DatasetReader):
                 f"{where}: {name}",
                 "name is not <pair>_<pid>_<view>_<n>.png",
             )
-        path = img_dir / name
+        path = listed_path(img_dir, name, f"{where}: filelist")  # the name has no '/': links only
         if not path.is_file():
             raise DatasetLayoutError(self.name, self.expected, path, f"missing image (listed in {where})")
         return Record(str(path), pid, int(m.group(3)) - 1)

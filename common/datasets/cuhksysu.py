@@ -45,7 +45,8 @@ from common.datasets.base import (
     require_file,
     resolve_base,
 )
-from common.datasets.images import CorruptImageError, image_problem, screen_images
+from common.datasets.images import CorruptImageError, image_problem, open_image, screen_images
+from common.datasets.listed_paths import listed_path
 
 EXPECTED = (
     "<root>/CUHK-SYSU/{Image/SSM/*.jpg, annotation/Images.mat, "
@@ -101,6 +102,7 @@ class CUHKSYSU(DatasetReader):
         for _, _, scene, _, where in boxes:
             if scene not in known:
                 raise DatasetLayoutError(self.name, self.expected, where, f"scene {scene} not in {images_mat}")
+            listed_path(self.scene_dir, scene, where)
         self.crop_dir = Path(crop_dir) if crop_dir is not None else base / "cropped"
         lists, self.corrupt_files = self._crop_all(boxes, skip_corrupt)
         (train, query, gallery), bad_crops = screen_images(
@@ -188,7 +190,7 @@ class CUHKSYSU(DatasetReader):
                         raise CorruptImageError(self.name, self.expected, scene_path, why)
                     bad.append(str(scene_path))
                     continue
-                with Image.open(scene_path) as im:
+                with open_image(scene_path) as im:
                     img = im.convert("RGB")
                 for b, p in todo:
                     self._write_crop(img, b, p)

@@ -9,6 +9,7 @@ order. The files may be gzip-compressed (``*.gz``, as released and as Debian's
 from __future__ import annotations
 
 import gzip
+import math
 from pathlib import Path
 
 import numpy as np
@@ -17,30 +18,48 @@ import numpy as np
 _DTYPES = {0x08: ">u1", 0x09: ">i1", 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
 
 
+# Data bytes an IDX header may declare (Fashion-MNIST's training images: 47 MB; EMNIST byclass: 547 MB)
+MAX_IDX_BYTES = 1 << 30
+
+
 class IDXFormatError(ValueError):
     """A file is not a well-formed IDX file."""
 
 
-def read_idx(path: str | Path) -> np.ndarray:
-    """The array stored in one IDX file (``.gz`` read transparently), native byte order."""
+def read_idx(path: str | Path, max_bytes: int = MAX_IDX_BYTES) -> np.ndarray:
+    """The array stored in one IDX file (``.gz`` read transparently), native byte order.
+
+    The header is read first; then exactly the data bytes it declares (at most ``max_bytes``), and
+    one more to find trailing data. A small gzip that inflates far beyond its header is refused
+    after that many bytes, never inflated whole.
+    """
     path = Path(path)
     opener = gzip.open if path.suffix == ".gz" else open
     with opener(path, "rb") as f:
-        data = f.read()
-    if len(data) < 4 or data[0] != 0 or data[1] != 0:
-        raise IDXFormatError(f"{path}: expected an IDX file (magic 0x0000 <type> <ndim>), found bytes {data[:4]!r}")
-    code, ndim = data[2], data[3]
-    if code not in _DTYPES:
-        raise IDXFormatError(f"{path}: unknown IDX type code {code:#04x}; expected one of {sorted(_DTYPES)}")
-    header = 4 + 4 * ndim
-    if len(data) < header:
-        raise IDXFormatError(f"{path}: truncated header ({len(data)} bytes, expected at least {header})")
-    shape = tuple(int(s) for s in np.frombuffer(data, ">u4", count=ndim, offset=4))
-    dtype = np.dtype(_DTYPES[code])
-    expected = header + int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-    if len(data) != expected:
-        raise IDXFormatError(f"{path}: {len(data)} bytes, expected {expected} for shape {shape} of {dtype.str}")
-    return np.frombuffer(data, dtype, offset=header).reshape(shape).astype(dtype.newbyteorder("="))
+        magic = f.read(4)
+        if len(magic) < 4 or magic[0] != 0 or magic[1] != 0:
+            raise IDXFormatError(f"{path}: expected an IDX file (magic 0x0000 <type> <ndim>), found bytes {magic!r}")
+        code, ndim = magic[2], magic[3]
+        if code not in _DTYPES:
+            raise IDXFormatError(f"{path}: unknown IDX type code {code:#04x}; expected one of {sorted(_DTYPES)}")
+        header = 4 + 4 * ndim
+        dims = f.read(4 * ndim)
+        if len(dims) < 4 * ndim:
+            raise IDXFormatError(f"{path}: truncated header ({4 + len(dims)} bytes, expected at least {header})")
+        shape = tuple(int(s) for s in np.frombuffer(dims, ">u4"))
+        dtype = np.dtype(_DTYPES[code])
+        need = math.prod(shape) * dtype.itemsize  # Python integers: no overflow whatever the header says
+        if need > max_bytes:
+            raise IDXFormatError(
+                f"{path}: the header declares shape {shape} of {dtype.str} ({need:,} bytes), "
+                f"expected at most {max_bytes:,} bytes"
+            )
+        data = f.read(need)
+        extra = f.read(1)
+    if len(data) != need or extra:
+        found = f"{header + len(data)} bytes" if not extra else f"more than {header + need} bytes"
+        raise IDXFormatError(f"{path}: {found}, expected {header + need} for shape {shape} of {dtype.str}")
+    return np.frombuffer(data, dtype).reshape(shape).astype(dtype.newbyteorder("="))
 
 
 def write_idx(path: str | Path, array: np.ndarray) -> Path:

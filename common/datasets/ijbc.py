@@ -21,6 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
+from common.datasets.listed_paths import listed_path
+
 LANDMARKS_FILE = "ijbc_name_5pts_score.txt"
 IJBC_LAYOUT = (
     "<root>/loose_crop/<image>, <root>/meta/ijbc_face_tid_mid.txt, ijbc_template_pair_label.txt, "
@@ -53,9 +55,11 @@ def read_ijbc_meta(root: str | Path) -> IJBCMeta:
         return p
 
     names, templates, medias = [], [], []
-    for line in need(meta / "ijbc_face_tid_mid.txt").read_text().split("\n"):
+    listing = need(meta / "ijbc_face_tid_mid.txt")
+    for no, line in enumerate(listing.read_text().split("\n"), 1):
         if line.strip():
             n, t, m = line.split()[:3]
+            listed_path(root / "loose_crop", n, f"{listing}:{no}")
             names.append(n)
             templates.append(int(t))
             medias.append(int(m))

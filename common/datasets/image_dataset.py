@@ -9,14 +9,15 @@ from PIL import Image, UnidentifiedImageError
 from torch.utils.data import Dataset
 
 from common.datasets.base import Record
+from common.datasets.images import ImageTooLargeError, open_image
 
 
 def read_image(path: str) -> Image.Image:
-    """Open an image as RGB; a corrupted or missing file is an error naming the file."""
+    """Open an image as RGB; a corrupted, missing or oversized (``open_image``) file is an error naming the file."""
     try:
-        with Image.open(path) as im:
+        with open_image(path) as im:
             return im.convert("RGB")
-    except (OSError, UnidentifiedImageError) as e:
+    except (OSError, UnidentifiedImageError, ImageTooLargeError) as e:
         raise OSError(f"cannot read image {path}: {e}") from e
 
 

@@ -26,6 +26,7 @@ from common.datasets.base import (
     require_dir,
 )
 from common.datasets.images import screen_images
+from common.datasets.listed_paths import listed_path
 
 # version folder -> (train folder, test folder), in the order torchreid looks for them
 VERSIONS = {
@@ -120,7 +121,7 @@ class MSMT17(DatasetReader):
                 ) from None
             if not 0 <= camid < NUM_CAMS:
                 raise DatasetLayoutError(self.name, self.expected, where, f"camera {camid + 1} outside 1..{NUM_CAMS}")
-            path = folder / rel
+            path = listed_path(folder, rel, where)
             if not path.is_file():
                 raise DatasetLayoutError(self.name, self.expected, path, f"missing image (listed at {where})")
             out.append(Record(str(path), pid, camid))

@@ -22,12 +22,15 @@ import numpy as np
 from flwr.common import FitRes
 
 from common.params import Manifest
+from server.site_metrics import FEDFR_SITE_METRICS
 from server.strategy import FedReIDStrategy
 
 log = logging.getLogger("fedserver")
 
 
 class FedFRStrategy(FedReIDStrategy):
+    SITE_METRICS = FEDFR_SITE_METRICS  # the metric keys FedFR sites may report
+
     def __init__(self, *, manifest: Manifest, initial_arrays: list[np.ndarray], **kwargs) -> None:
         """Keyword arguments as FedReIDStrategy's, except ``weighted`` (always by own image count)."""
         if "weighted" in kwargs:

@@ -13,6 +13,7 @@ from client.fedfr.state import FEDFR_STATE
 from common.datasets.face_folder import FaceFolder, FaceSite
 from common.models.fedfr import expected_fedfr_manifest, fedfr_model
 from common.params import set_shared
+from server.site_metrics import FEDFR_SITE_METRICS
 from tests.fakes import Unpacked, fedfr_arrays, fedfr_settings, tiny_fedfr_config, tiny_world
 
 PUBLIC = 6
@@ -67,6 +68,8 @@ def test_only_backbone_and_public_proxies_leave_the_site(world, tmp_path):
     # the FedAvg weight is the site's own image count, not counting the public hard negatives
     assert metrics["hard_negatives"] == PUBLIC * 6 > 0
     assert n == metrics["own_images"] == len(FaceSite(world["face1"]).train) == 12
+    # every key it reports is one the coordinator keeps (server/site_metrics.py)
+    assert set(metrics) <= FEDFR_SITE_METRICS.numbers | set(FEDFR_SITE_METRICS.texts), sorted(metrics)
 
 
 def test_hard_negatives_are_reselected_each_round_with_the_current_global_model(world, tmp_path):

@@ -15,6 +15,7 @@ import pytest
 from client.channel import ChannelError, listen, recv_frame, request, send_frame
 from client.held_state import HeldState
 from client.site_supervisor import SiteSupervisor
+from server.site_metrics import PROCESS_TIMINGS
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -127,6 +128,8 @@ def test_forwarder_passes_the_message_and_imports_no_torch(tmp_path):
     assert out["props"] == {"site": "s1", "num_identities": 4}  # the site roster's question, answered by the site
     assert out["metrics"]["op"] == "fit" and out["metrics"]["round"] == 4 and out["metrics"]["site"] == "s1"
     assert out["metrics"]["clientapp_seconds"] >= out["metrics"]["startup_seconds"] > 0
+    # what the forwarder adds is declared for every task (server/site_metrics.py)
+    assert set(out["metrics"]) - {"site", "op", "round"} <= set(PROCESS_TIMINGS), sorted(out["metrics"])
 
 
 def test_forwarder_without_a_site_process_is_an_error_naming_the_site(tmp_path, monkeypatch):

@@ -135,6 +135,7 @@ def test_site_config_round_trips_through_flowers_node_config():
         "data-root": "/data/fedfr/clients/face1",
         "reader": "face_site",
         "state-dir": "~/.fedreid/state/face1",
+        "public-root": "/data/fedfr/public",
         "device": "cpu",
     }
     assert full.node_config_arg().startswith('site="face1" data-root="/data/fedfr/clients/face1" reader="face_site"')

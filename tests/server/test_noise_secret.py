@@ -145,6 +145,42 @@ def test_the_site_view_holds_no_coordinator_setting(tmp_path):
     assert seen.superlink.ca_cert is None and seen.superlink.site_keys is None
 
 
+def test_the_site_view_names_none_of_the_coordinators_fedfr_folders():
+    cfg = tiny_config(
+        task="fedfr",
+        fedfr={"public_root": "/srv/pub-faces", "pretrained": "/srv/pre.pt", "ijbc_root": "/srv/ijbc"},
+    )
+    view = cfg.site_view()
+    assert {"public_root", "pretrained", "ijbc_root"}.isdisjoint(view["fedfr"])
+    text = json.dumps(site_run_config(cfg))
+    for leak in ("/srv/pub-faces", "/srv/pre.pt", "/srv/ijbc"):
+        assert leak not in text, leak
+    assert site_config(site_run_config(cfg)).fedfr.public_root == ""  # a site names its own copy
+
+
+def test_virtual_sites_read_the_coordinators_public_data_unless_given_their_own(tmp_path):
+    from server.simulation import fill_virtual_sites
+
+    sites = {
+        "face1": {"reader": "face_site", "data_root": str(tmp_path / "f1"), "state_dir": str(tmp_path / "s1")},
+        "face2": {
+            "reader": "face_site",
+            "data_root": str(tmp_path / "f2"),
+            "state_dir": str(tmp_path / "s2"),
+            "public_root": str(tmp_path / "own"),
+        },
+    }
+    cfg = tiny_config(
+        task="fedfr",
+        sites=["face1", "face2"],
+        fedfr={"public_root": str(tmp_path / "pub")},
+        engine={"name": "simulation", "sites": sites},
+    )
+    filled = fill_virtual_sites(cfg)
+    assert filled["face1"].public_root == str(tmp_path / "pub")
+    assert filled["face2"].public_root == str(tmp_path / "own")
+
+
 def test_the_serverapp_reads_the_whole_config_and_checks_the_run(tmp_path):
     cfg = coordinator_config(tmp_path)
     path = write_serverapp_config(tmp_path, cfg)

@@ -12,6 +12,7 @@ import torch
 import common.checkpoint as ckpt_mod
 from client.fedreid.state import FEDREID_STATE, FedReIDSiteState
 from common.checkpoint import save_global_checkpoint, torch_load
+from common.config.compose import REPO_ROOT
 from server.aggregate import average
 from server.checkpoint import (
     CHECKPOINT,
@@ -21,7 +22,7 @@ from server.checkpoint import (
     restore_rng,
     save_server_checkpoint,
 )
-from server.resume import announce_resume, resume_config
+from server.resume import COMMAND_LINE_ONLY, announce_resume, resume_config
 from server.strategy import FedReIDStrategy
 from tests.fakes import MAN, arrays, manager, named_results, packed, res, tiny_config, unpacked
 
@@ -171,6 +172,67 @@ def test_resume_config_reads_the_run_config_and_allows_only_operational_changes(
     assert resume_config(tmp_path).resume_from == ""  # nothing checkpointed: starts again
     with pytest.raises(ValueError, match="config.json not found"):
         resume_config(tmp_path / "nope")
+
+
+def crafted_run_folder(tmp_path):
+    """A run folder whose config.json was edited by whoever handed it over: its own app folder,
+    TLS and node authentication off, its own key registry, its own Ray cluster."""
+    cfg = tiny_config(rounds=3, run_dir=str(tmp_path))
+    saved = cfg.to_dict()
+    saved["app_dir"] = str(tmp_path / "evil_app")
+    saved["superlink"] = {
+        **saved["superlink"],
+        "address": "0.0.0.0:9999",
+        "insecure": True,
+        "node_auth": False,
+        "site_keys": str(tmp_path / "attacker_keys"),
+        "persist_state": True,
+    }
+    saved["engine"]["ray_address"] = "attacker.example:6379"
+    (tmp_path / "config.json").write_text(json.dumps(saved))
+    return saved
+
+
+def test_resume_takes_code_and_transport_from_the_command_line_never_from_the_run_folder(tmp_path, capsys):
+    saved = crafted_run_folder(tmp_path)
+    tls = [f"superlink.{k}={tmp_path / k}" for k in ("ca_cert", "cert", "key")]
+    back = resume_config(
+        tmp_path, [*tls, "superlink.address=127.0.0.1:9092", "superlink.node_auth=true", "superlink.site_keys=/reg"]
+    )
+    sl = back.superlink
+    assert (sl.address, sl.insecure, sl.node_auth, sl.site_keys) == ("127.0.0.1:9092", False, True, "/reg")
+    assert (sl.ca_cert, sl.cert, sl.key) == tuple(str(tmp_path / k) for k in ("ca_cert", "cert", "key"))
+    assert sl.persist_state is False  # the default, not the file's
+    assert back.app_dir == str(REPO_ROOT) and back.engine.ray_address is None
+    assert back.rounds == 3 and back.train == tiny_config().train  # the experiment itself is the run's
+    line = [x for x in capsys.readouterr().out.splitlines() if "not used" in x]
+    assert len(line) == 1
+    for key in ("app_dir", "superlink.insecure", "superlink.persist_state", "engine.ray_address"):
+        assert key in line[0], key
+    assert "superlink.address" in line[0]  # differs from this command's too
+    # nothing on the command line: the defaults (TLS required, no node authentication, no registry)
+    bare = resume_config(tmp_path).superlink
+    assert (bare.insecure, bare.node_auth, bare.site_keys, bare.ca_cert) == (False, False, None, None)
+    assert saved["superlink"]["insecure"] is True  # what the file said, and was not used
+    assert {"app_dir", "superlink", "engine.ray_address"} == set(COMMAND_LINE_ONLY)
+
+
+def test_an_unchanged_run_folder_resumes_without_a_report(tmp_path, capsys):
+    cfg = tiny_config(rounds=3, run_dir=str(tmp_path), app_dir=str(REPO_ROOT))
+    cfg.superlink.address, cfg.superlink.insecure = "127.0.0.1:19092", True
+    (tmp_path / "config.json").write_text(json.dumps(cfg.to_dict()))
+    back = resume_config(tmp_path, ["superlink.address=127.0.0.1:19092", "superlink.insecure=true"])
+    assert back.superlink == cfg.superlink and back.app_dir == str(REPO_ROOT)
+    assert "not used" not in capsys.readouterr().out
+    flood = cfg.to_dict()
+    flood["superlink"] |= {f"k{i}": i for i in range(5000)}  # keys the schema does not know: not read either
+    (tmp_path / "config.json").write_text(json.dumps(flood))
+    assert resume_config(tmp_path, ["superlink.insecure=true"]).superlink.insecure is True
+    lines = [x for x in capsys.readouterr().out.splitlines() if "not used" in x]
+    assert len(lines) == 1 and " more other than this command" in lines[0] and len(lines[0]) < 1000, lines
+    (tmp_path / "config.json").write_text("[1, 2]")
+    with pytest.raises(ValueError, match="expected the run's configuration \\(a JSON object\\), found list"):
+        resume_config(tmp_path)
 
 
 def test_a_run_stopped_after_its_last_checkpoint_only_needs_its_final_outputs(tmp_path):
