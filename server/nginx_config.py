@@ -173,9 +173,11 @@ http {{
         limit_conn per_address {lim.conn_per_address};
         limit_req zone=rate_per_address burst={lim.burst} delay={lim.delay};
 
-        # one array chunk and its framing; held in memory and read whole before it is forwarded
+        # one array chunk and its framing; held in memory and read whole before it is forwarded. The
+        # buffer is larger than the cap, so that a chunked body over the cap is refused (413) before
+        # nginx would spill it to a temporary file (its workers may not be able to write there)
         client_max_body_size {lim.body_bytes};
-        client_body_buffer_size {lim.body_bytes};
+        client_body_buffer_size {lim.body_bytes + (1 << 20)};
         client_header_timeout {lim.header_timeout_s}s;
         client_body_timeout {lim.body_timeout_s}s;
         send_timeout {lim.send_timeout_s}s;
