@@ -85,7 +85,7 @@ def test_site_names_that_would_be_paths_are_refused_everywhere(name, capsys):
     if name:
         with pytest.raises(ValueError, match="site name"):
             site_settings({"site": name, "data-root": "/tmp"})
-        with pytest.raises(SystemExit, match="site name"):
+        with pytest.raises(ValueError, match="site name"):
             fedclient_main(["--site", name, "--insecure"])
 
 
