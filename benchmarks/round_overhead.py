@@ -14,11 +14,9 @@ The project runs use ResNet-50-sized shared parameters (~94 MB fp32, one packed 
 and almost no local compute (one tiny batch per round), no evaluation. Per round: wall time, the
 slowest site's local training, overhead = fit wall time - slowest training, the ClientApp process's
 own time (slowest site: its start-up, the message's pull and decoding, forwarding, without the site
-process's work) and the bytes moved (sent + received). With the site process, each ClientApp process
-is prestarted (client/clientapp_launcher.py) and handed its task as soon as the SuperNode has one,
-while the SuperNode is still downloading the message: that wait (``message_wait_s``, the slowest
-site's) is transfer, reported apart and not counted in the ClientApp's own time. The floor and
-``no_site_process`` run Flower's own SuperExec (a new process per task, polled every second).
+process's work) and the bytes moved (sent + received). In every mode each message's ClientApp
+process is started by Flower's own ``flower-superexec``, which each site runs with its SuperNode's
+SuperExec secret; it asks the SuperNode for a task every 0.1 s (client/main.py).
 
     python benchmarks/round_overhead.py [--rounds 6] [--backbone resnet50] [--modes floor site_process ...]
 """
@@ -93,8 +91,6 @@ def run_mode(mode: str, out: Path, rounds: int, backbone: str, sites: int) -> di
                 "overhead_s": round(r["fit_seconds"] - slowest, 2),
                 "clientapp_s_max": round(clientapp, 2),
                 "clientapp_startup_s_max": round(max(float(s.get("startup_seconds", 0.0)) for s in sites_m), 2),
-                "message_wait_s_max": round(max(float(s.get("message_wait_seconds", 0.0)) for s in sites_m), 2),
-                "message_decode_s_max": round(max(float(s.get("message_decode_seconds", 0.0)) for s in sites_m), 2),
                 "bytes_moved": r["bytes_sent"] + r["bytes_received"],
                 "replied": len(sites_m),
             }
@@ -109,7 +105,6 @@ def run_mode(mode: str, out: Path, rounds: int, backbone: str, sites: int) -> di
         "median_round_wall_s": med("round_wall_s"),
         "median_slowest_site_train_s": med("slowest_site_train_s"),
         "median_clientapp_s": med("clientapp_s_max"),
-        "median_message_wait_s": med("message_wait_s_max"),
         "bytes_per_round": per_round[0]["bytes_moved"],
         "total_wall_s": round(wall, 1),
         "per_round": per_round,

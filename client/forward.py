@@ -1,8 +1,7 @@
 """The ClientApp side of a site with a site process: forwards each message over the site's channel.
 
 Imports neither torch nor torchvision (checked by a test): a ClientApp process per message then
-costs the message's transfer (and Flower's start-up, which fedclient's launcher does before the
-message arrives, client/clientapp_launcher.py), not torch's import, the data listing, the model
+costs Flower's start-up and the message's transfer, not torch's import, the data listing, the model
 build and the state's load and save. The long-lived site process (``client/site_process.py``)
 does the round and replies; the arrays cross the channel as raw bytes (``client/channel.py``).
 
@@ -13,14 +12,13 @@ restarts the site process, which rejoins the next round.
 
 from __future__ import annotations
 
-import os
 import time
 
 import numpy as np
 from flwr.client import NumPyClient
 
 from client.channel import ChannelError, ForeignPeerError, request
-from common.processes import TASK_STARTED_ENV, message_decode_s, message_wait_s, process_age_s
+from common.processes import process_age_s
 
 CONNECT_WAIT_S = 30.0  # a site process (re)starting: bounded wait for its socket
 
@@ -57,11 +55,7 @@ class ForwardingClient(NumPyClient):
         return self._call("get_parameters", [], config)[1]
 
     def fit(self, parameters, config):
-        # ClientApp process start -> here (Flower's start-up and the message pull); a prestarted
-        # process (client/clientapp_launcher.py): its task -> here, of which waiting for the message
-        # to reach the SuperNode (its download from the coordinator: transfer, not this process's)
-        startup = process_age_s()
-        wait = min(startup, message_wait_s())
+        startup = process_age_s()  # ClientApp process start -> here: Flower's start-up and the message pull
         t0 = time.perf_counter()
         reply, arrays = self._call("fit", parameters, config)
         forward = time.perf_counter() - t0
@@ -71,11 +65,7 @@ class ForwardingClient(NumPyClient):
             {
                 "startup_seconds": startup,
                 "forward_seconds": forward,
-                "message_wait_seconds": wait,
-                "message_decode_seconds": message_decode_s(),  # part of this process's own time
-                "clientapp_seconds": startup - wait + max(0.0, forward - handled),
-                # 1: this ClientApp process was started before its message (client/clientapp_launcher.py)
-                "clientapp_prestarted": float(bool(os.environ.get(TASK_STARTED_ENV))),
+                "clientapp_seconds": startup + max(0.0, forward - handled),
             }
         )
         return arrays, int(reply["num_examples"]), metrics

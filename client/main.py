@@ -9,10 +9,13 @@ Besides the SuperNode, ``fedclient`` starts the site process (``client/site_proc
 holds the site's data index, models and state in memory for as long as ``fedclient`` runs, and
 each round's ClientApp forwards the message to it over a socket in the state folder
 (``client/forward.py``). It is restarted from its state file if it dies (``--site-restarts``).
-Each message's ClientApp process is started before its message arrives, by fedclient's launcher
-(``client/clientapp_launcher.py``; the SuperNode runs with ``--isolation process``).
-``--no-site-process`` leaves the whole round to the per-message ClientApp, started by Flower's own
-SuperExec once the message is there. Stopping ``fedclient`` (SIGTERM, Ctrl-C) stops all of them.
+``--no-site-process`` leaves the whole round to the per-message ClientApp.
+
+In both modes each message's ClientApp process is started by Flower's own ``flower-superexec``,
+which ``fedclient`` runs beside the SuperNode with a SuperExec secret (``common/superexec.py``): the
+SuperNode runs with ``--isolation process`` and hands a ClientApp's task only to a holder of that
+secret (a 0600 file in the state folder), not to any local process that reaches its port. Stopping
+``fedclient`` (SIGTERM, Ctrl-C) stops all of them.
 """
 
 from __future__ import annotations
@@ -20,7 +23,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-import secrets
 import signal
 import sys
 import time
@@ -29,7 +31,7 @@ from pathlib import Path
 from client.channel import socket_path
 from client.run_end import exit_status, read_progress
 from client.site_supervisor import SiteSupervisor, site_process_cmd
-from common import processes
+from common import processes, superexec
 from common.config.compose import site_names
 from common.config.experiment import TrainConfig
 from common.config.site import SiteConfig, default_state_dir, load_site
@@ -114,10 +116,9 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def supernode_cmd(a: argparse.Namespace, settings: SiteConfig, superexec_secret: Path | None = None) -> list[str]:
-    """The site's SuperNode. With ``superexec_secret`` (a site process) it starts no ClientApp
-    process itself (``--isolation process``): fedclient's launcher does, prestarted
-    (client/clientapp_launcher.py), holding that secret."""
+def supernode_cmd(a: argparse.Namespace, settings: SiteConfig, superexec_secret: Path) -> list[str]:
+    """The site's SuperNode. It starts no ClientApp process itself (``--isolation process``): Flower's
+    ``flower-superexec``, holding ``superexec_secret``, does (``superexec_cmd``)."""
     cmd = [
         processes.executable("flower-supernode"),
         "--superlink",
@@ -131,8 +132,7 @@ def supernode_cmd(a: argparse.Namespace, settings: SiteConfig, superexec_secret:
         "--max-wait-time",
         str(a.max_wait_time),
     ]
-    if superexec_secret is not None:
-        cmd += ["--isolation", "process", "--superexec-auth-secret-file", str(superexec_secret)]
+    cmd += superexec.isolation_args(superexec_secret)
     if a.insecure:
         cmd.append("--insecure")
     elif a.root_certificates:
@@ -193,7 +193,7 @@ def main(argv: list[str] | None = None) -> None:
     if a.insecure:
         print("fedclient: WARNING: --insecure: traffic to the coordinator is NOT encrypted", file=sys.stderr)
     started_at = time.time()
-    supervisor, launcher, sock, secret = None, None, "", None
+    supervisor, sock = None, ""
     if not a.no_site_process:  # the long-lived site process (client/site_process.py) and its channel
         sock = str(socket_path(state_dir))
         supervisor = SiteSupervisor(
@@ -203,26 +203,27 @@ def main(argv: list[str] | None = None) -> None:
             max_restarts=a.site_restarts,
         )
         supervisor.start()
-        # each message's ClientApp process (the forwarder) prestarted by fedclient's own launcher
-        secret = write_secret(Path(state_dir) / SUPEREXEC_SECRET)
-        launcher = SiteSupervisor(
-            a.site,
-            launcher_cmd(f"127.0.0.1:{a.port}", secret),
-            processes.tool_env(home),
-            max_restarts=a.site_restarts,
-            what="ClientApp launcher",
-            restart="restarting it",
-        )
-        launcher.start()
+    # each message's ClientApp process, started by Flower's SuperExec holding the SuperNode's secret
+    secret = superexec.write_secret(Path(state_dir) / superexec.SECRET_FILE)
+    runner = SiteSupervisor(
+        a.site,
+        superexec_cmd(a.port, secret),
+        processes.tool_env(home, {superexec.POLL_INTERVAL_ENV: str(SUPEREXEC_POLL_S)}),
+        max_restarts=a.site_restarts,
+        what="SuperExec",
+        restart="restarting it",
+    )
+    runner.start()
     proc = processes.start(
         supernode_cmd(a, dataclasses.replace(settings, site_socket=sock), secret), processes.tool_env(home)
     )
-    keepers = [k for k in (supervisor, launcher) if k is not None]
+    keepers = [k for k in (supervisor, runner) if k is not None]
 
     def stop_all(grace_s: float) -> None:
         processes.stop(proc, grace_s=grace_s)
         for keeper in keepers:
             keeper.stop(grace_s=grace_s)
+        secret.unlink(missing_ok=True)
 
     def forward(signum, _frame):
         stop_all(10)
@@ -245,28 +246,15 @@ def main(argv: list[str] | None = None) -> None:
     sys.exit(status)
 
 
-SUPEREXEC_SECRET = "superexec.secret"  # in the site's state folder, 0600
+# the SuperExec asks the SuperNode for a ClientApp task this often: a round's message waits on the
+# SuperNode until the next ask, up to a whole second per round at Flower's default of one second
+SUPEREXEC_POLL_S = 0.1
 
 
-def write_secret(path: Path) -> Path:
-    """A new random SuperExec secret (the SuperNode's and the launcher's), readable by this user only."""
-    path.unlink(missing_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(secrets.token_bytes(32))
-    return path
-
-
-def launcher_cmd(runtime_api_address: str, secret: Path) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "client.clientapp_launcher",
-        "--runtime-api-address",
-        runtime_api_address,
-        "--secret-file",
-        str(secret),
-    ]
+def superexec_cmd(port: int, secret: Path) -> list[str]:
+    """Flower's ``flower-superexec`` on the SuperNode's local Runtime API (``--port``), holding
+    ``secret``; it exits with ``fedclient``."""
+    return superexec.superexec_cmd(f"127.0.0.1:{port}", secret, parent_pid=os.getpid())
 
 
 def check_one_batch(site: str, num_train: int, batch_size: int) -> None:

@@ -44,7 +44,7 @@ class SiteSupervisor:
         if max_restarts < 0:
             raise ValueError(f"--site-restarts must be >= 0, found {max_restarts}")
         self.site = site
-        self.what = what  # how the log names the process (the site process, the ClientApp launcher)
+        self.what = what  # how the log names the process (the site process, the SuperExec)
         self.restart_note = restart
         self.cmd = cmd
         self.env = env

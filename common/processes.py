@@ -117,41 +117,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-# Set in a prestarted ClientApp process (client/clientapp_worker.py): when it was handed its task,
-# and when the last object of its message reached it (the SuperNode was still downloading before)
-TASK_STARTED_ENV = "FEDREID_CLIENTAPP_TASK_STARTED"
-MESSAGE_AT_ENV = "FEDREID_CLIENTAPP_MESSAGE_AT"
-MESSAGE_DECODED_ENV = "FEDREID_CLIENTAPP_MESSAGE_DECODED"  # Flower's object checks and decoding done
-
-
 def process_age_s() -> float:
-    """Seconds since this process started, or, in a prestarted ClientApp process
-    (``client/clientapp_worker.py``), since it was handed its task (0.0 where the system does not tell)."""
-    started = os.environ.get(TASK_STARTED_ENV)
-    if started:
-        return max(0.0, time.time() - float(started))
+    """Seconds since this process started (0.0 where the system does not tell)."""
     try:
         return max(0.0, time.time() - psutil.Process().create_time())
     except psutil.Error:
         return 0.0
-
-
-def message_wait_s() -> float:
-    """In a prestarted ClientApp process: seconds from its task to the last object of its message
-    (waiting for the SuperNode's download from the SuperLink); 0.0 elsewhere."""
-    started, at = os.environ.get(TASK_STARTED_ENV), os.environ.get(MESSAGE_AT_ENV)
-    if not (started and at):
-        return 0.0
-    return max(0.0, float(at) - float(started))
-
-
-def message_decode_s() -> float:
-    """In a prestarted ClientApp process: seconds from the message's last object to the message
-    decoded (Flower's hash checks of every object, the arrays joined from their chunks); 0.0 elsewhere."""
-    at, decoded = os.environ.get(MESSAGE_AT_ENV), os.environ.get(MESSAGE_DECODED_ENV)
-    if not (at and decoded):
-        return 0.0
-    return max(0.0, float(decoded) - float(at))
 
 
 def rss_mb(pid: int | None = None) -> float:

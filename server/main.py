@@ -9,6 +9,7 @@ fedserver resume=RUN_DIR             continue a stopped run after its last compl
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -16,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Protocol
 
-from common import processes
+from common import processes, superexec
 from common.checkpoint import UnsafeCheckpointError
 from common.config.compose import compose_experiment
 from common.config.experiment import ExperimentConfig
@@ -253,15 +254,19 @@ def serve(
     front: FrontSpec | None = None,
     public: str = "",
 ) -> None:
-    """Start the SuperLink on ``cfg.superlink.address`` and, with a ``front``, nginx on ``public``;
-    register the site keys (``register_keys``), submit the run and poll it to its end; the
-    SuperLink, its front, `flwr run` and the engine's processes are stopped however it ends."""
+    """Start the SuperLink on ``cfg.superlink.address``, Flower's SuperExec for its ServerApp and,
+    with a ``front``, nginx on ``public``; register the site keys (``register_keys``), submit the run
+    and poll it to its end; the SuperLink, the SuperExec (with the ServerApp it started), the front,
+    `flwr run` and the engine's processes are stopped however it ends."""
     home = run_dir / "flwr_home"
-    superlink = start_superlink(cfg, engine, run_dir, home / "superlink")
-    submit = nginx = None
+    secret = superexec.write_secret(run_dir / superexec.SECRET_FILE)
+    env = superlink_env(cfg, engine, run_dir, home / "superlink")
+    superlink = start_superlink(cfg, engine, run_dir, env, secret)
+    runner = submit = nginx = None
     try:
         host, port = processes.split_address(cfg.superlink.address)
         processes.wait_for_port(host, port, cfg.superlink.startup_timeout_s, superlink)
+        runner = start_superexec(cfg, run_dir, env, secret)
         if front is not None:
             try:
                 nginx = start_front(front, run_dir)
@@ -277,25 +282,49 @@ def serve(
             # the ServerApp names each node by its registered key, never by what the node claims
             write_site_nodes(run_dir / SITE_NODES, ids)
         submit = submit_run(cfg, engine, run_dir, home / "cli", conn)
-        poll_run(cfg, run_dir, submit, superlink)
+        poll_run(cfg, run_dir, submit, {"SuperLink": superlink, "SuperExec": runner})
     finally:
         if submit is not None:
             processes.stop(submit, grace_s=5)
         if nginx is not None:
             processes.stop(nginx, grace_s=5)
+        if runner is not None:
+            processes.stop(runner, grace_s=10)
         processes.stop(superlink, grace_s=10)
         engine.cleanup()
+        secret.unlink(missing_ok=True)
 
 
-def start_superlink(cfg: ExperimentConfig, engine: Engine, run_dir: Path, flwr_home: Path) -> subprocess.Popen:
-    """The engine's SuperLink, its state in ``run_dir/superlink.db`` (superlink.persist_state) or in memory."""
-    db_args = ["--database", str(run_dir / SUPERLINK_DB)] if cfg.superlink.persist_state else []
-    # the ServerApp (a child of the SuperLink, on either engine) reads the whole experiment from this file
-    env = {
+def superlink_env(cfg: ExperimentConfig, engine: Engine, run_dir: Path, flwr_home: Path) -> dict[str, str]:
+    """The environment of the SuperLink and of the SuperExec, and so of the ServerApp it starts,
+    which reads the whole experiment from the file this names (``SERVERAPP_ENV``)."""
+    return {
         **engine.superlink_env(cfg, flwr_home),
         SERVERAPP_ENV: str(write_serverapp_config(run_dir.resolve(), cfg)),
     }
-    return processes.start(engine.superlink_cmd(cfg) + db_args, env, log_path=run_dir / "superlink.log")
+
+
+def start_superlink(
+    cfg: ExperimentConfig, engine: Engine, run_dir: Path, env: dict[str, str], secret: Path
+) -> subprocess.Popen:
+    """The engine's SuperLink, its state in ``run_dir/superlink.db`` (superlink.persist_state) or in
+    memory; it starts no ServerApp itself, and hands the ServerApp's task only to a holder of ``secret``."""
+    db_args = ["--database", str(run_dir / SUPERLINK_DB)] if cfg.superlink.persist_state else []
+    cmd = engine.superlink_cmd(cfg) + db_args + superexec.isolation_args(secret)
+    return processes.start(cmd, env, log_path=run_dir / "superlink.log")
+
+
+def start_superexec(cfg: ExperimentConfig, run_dir: Path, env: dict[str, str], secret: Path) -> subprocess.Popen:
+    """Flower's ``flower-superexec`` on the SuperLink's Runtime API (its one port, dialled locally),
+    holding ``secret``: it starts the run's ServerApp (or, on the simulation engine, flwr-simulation)."""
+    host, port = processes.split_address(cfg.superlink.address)
+    cmd = superexec.superexec_cmd(
+        f"{processes.client_host(host)}:{port}",
+        secret,
+        parent_pid=os.getpid(),
+        root_certificates=None if cfg.superlink.insecure else Path(cfg.superlink.ca_cert).resolve(),
+    )
+    return processes.start(cmd, env, log_path=run_dir / "superexec.log")
 
 
 def submit_run(cfg: ExperimentConfig, engine: Engine, run_dir: Path, cli_home: Path, conn: str) -> subprocess.Popen:
@@ -313,18 +342,20 @@ def submit_run(cfg: ExperimentConfig, engine: Engine, run_dir: Path, cli_home: P
     return subprocess.Popen(cmd, env=processes.tool_env(cli_home), start_new_session=True)
 
 
-def poll_run(cfg: ExperimentConfig, run_dir: Path, submit: subprocess.Popen, superlink: subprocess.Popen) -> None:
-    """Until the run completes or fails (status.json), `flwr run` or the SuperLink exits, or the
-    bound (waiting for sites, every round's timeout, 300 s) passes."""
+def poll_run(cfg: ExperimentConfig, run_dir: Path, submit: subprocess.Popen, keep: dict[str, subprocess.Popen]) -> None:
+    """Until the run completes or fails (status.json), `flwr run` or one of the ``keep`` processes
+    (the SuperLink, the SuperExec) exits, or the bound (waiting for sites, every round's timeout,
+    300 s) passes."""
     limit = cfg.wait_for_sites_s + cfg.rounds * cfg.round_timeout_s + 300
     deadline = time.monotonic() + limit
     while submit.poll() is None:
         if _status(run_dir) in ("completed", "failed"):
             time.sleep(2)  # let the last log lines stream
             return
-        if superlink.poll() is not None:
-            print(f"fedserver: the SuperLink exited with code {superlink.returncode} (see superlink.log)")
-            return
+        for name, proc in keep.items():
+            if proc.poll() is not None:
+                print(f"fedserver: the {name} exited with code {proc.returncode} (see {name.lower()}.log)")
+                return
         if time.monotonic() > deadline:
             print(f"fedserver: the run did not finish within {limit:.0f}s; stopping it", file=sys.stderr)
             return

@@ -2,17 +2,17 @@
 
 ``fedserver engine=simulation`` (or ``fedsim --engine simulation``) starts a SuperLink with
 ``--simulation`` and submits the run with ``flwr run ... --federation-config
-'num-supernodes=N client-resources-num-cpus=C client-resources-num-gpus=G'``. The SuperLink runs
-the ServerApp and Flower's simulation engine in one ``flwr-simulation`` process, which starts Ray
-(or joins the Ray cluster of ``engine.ray_address``); each virtual site runs in a long-lived Ray
-worker, so torch is imported and the model built once per worker instead of once per message.
+'num-supernodes=N client-resources-num-cpus=C client-resources-num-gpus=G'``. Flower's SuperExec
+beside the SuperLink (server/main.py) runs the ServerApp and Flower's simulation engine in one
+``flwr-simulation`` process, which starts Ray (or joins the Ray cluster of ``engine.ray_address``);
+each virtual site runs in a long-lived Ray worker, so torch is imported and the model built once per worker instead of once per message.
 Everything else — run config, run folder, checkpoints, metrics, resume — is server/main.py's,
 shared with the deployment runtime. The virtual sites' settings travel in the run config
 (``engine.sites``, filled in here from ``conf/site/<name>.yaml`` where not given) and are turned
 into each node's settings at the ClientApp's edge (client/virtual_site.py).
 
 What a simulation run leaves behind is found by its tag (``FEDREID_RUN_TAG``, inherited by the
-SuperLink, ``flwr-simulation``, Ray's daemons and workers) and killed when the run ends.
+SuperLink, the SuperExec, ``flwr-simulation``, Ray's daemons and workers) and killed when the run ends.
 """
 
 from __future__ import annotations
@@ -72,7 +72,8 @@ class SimulationEngine:
         ]
 
     def superlink_env(self, cfg: ExperimentConfig, flwr_home: Path) -> dict[str, str]:
-        """The SuperLink's environment, inherited by flwr-simulation and so by Ray (``ray.init``)."""
+        """The environment of the SuperLink and of the SuperExec beside it, inherited by the
+        flwr-simulation process it starts and so by Ray (``ray.init``)."""
         extra = {processes.RUN_TAG_ENV: self.tag}
         e = cfg.engine
         if e.reuse_memory:

@@ -22,10 +22,7 @@ from server.replies import ReplyError
 PROCESS_TIMINGS = (
     "startup_seconds",
     "forward_seconds",
-    "message_wait_seconds",
-    "message_decode_seconds",
     "clientapp_seconds",
-    "clientapp_prestarted",
 )
 
 

@@ -153,9 +153,10 @@ class Federation:
         args = [f"resume={self.run_dir}", *transport] if resume else self.overrides
         return self.launcher.start_server(args, log_path=self.root / "fedserver.log")
 
-    def start_site(self, site: str, fault: str = "") -> subprocess.Popen:
+    def start_site(self, site: str, fault: str = "", *, no_site_process: bool = False) -> subprocess.Popen:
         local = LocalSite(site, "market1501", self.data_root(site), self.state_dir(site))
-        return self.launcher.start_site(local, batch_size=self.batch_size(), extra=["--fault", fault] if fault else [])
+        extra = (["--fault", fault] if fault else []) + (["--no-site-process"] if no_site_process else [])
+        return self.launcher.start_site(local, batch_size=self.batch_size(), extra=extra)
 
     def kill_site(self, site: str) -> None:
         """SIGKILL the site's fedclient, SuperNode and ClientApp processes (a crash, no clean-up)."""

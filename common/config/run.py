@@ -4,9 +4,9 @@ Flower 1.42 delivers a run's config (``flwr run --run-config``) to the ServerApp
 ClientApp: the SuperLink stores it with the run and each SuperNode fetches it (Fleet ``GetRun``).
 So what ``flwr run`` submits is ``ExperimentConfig.site_view()`` (no ``superlink.*``, no key or
 certificate paths, no coordinator paths). ``fedserver`` writes the whole config to
-``RUN_DIR/serverapp_config.json`` (0600) and names that file in the SuperLink's environment
-(``FEDREID_SERVERAPP_CONFIG``), which the ServerApp process inherits; the ServerApp reads it and
-checks that its site view is what the run carries.
+``RUN_DIR/serverapp_config.json`` (0600) and names that file (``FEDREID_SERVERAPP_CONFIG``) in the
+environment of the SuperExec that starts the ServerApp, which the ServerApp process inherits; the
+ServerApp reads it and checks that its site view is what the run carries.
 """
 
 from __future__ import annotations

@@ -53,8 +53,8 @@ def test_two_sites_two_rounds(tmp_path):
         assert r["replied"] == 2 and r["dropped"] == 0 and r["aggregated"] is True
         assert set(r["sites"]) == {"market1501", "dukemtmc"}
         assert 0.0 <= r["mean/mAP"] <= 1.0 and 0.0 <= r["synth_a/R1"] <= 1.0
-        # every round's ClientApp process was started before its message, by fedclient's launcher
-        assert {s["clientapp_prestarted"] for s in r["sites"].values()} == {1.0}
+        # every site's ClientApp forwarded the round to its long-lived site process
+        assert all(s["forward_seconds"] > 0 for s in r["sites"].values())
     assert json.loads((out / "status.json").read_text())["status"] == "completed"
     # the same rounds as TensorBoard scalars, read back with TensorBoard's own reader
     acc = EventAccumulator(str(out / "tensorboard"))
