@@ -211,3 +211,21 @@ def test_key_files_are_made_once_private_and_checked(tmp_path):
     (tmp_path / "bad.pub").write_text("not a key")
     with pytest.raises(ValueError, match="expected an Ed25519 public key"):
         load_coordinator_public_key(tmp_path / "bad.pub")
+
+
+def test_the_signature_survives_flowers_object_serialisation():
+    """What the SuperLink stores and the SuperNode pulls: the message as Flower's deflated objects
+    (a large array in chunks), inflated again on the site. Pins Flower internals (tests only)."""
+    from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects, no_object_id_recompute
+    from flwr.supercore.inflatable.inflatable_utils import inflate_object_from_contents
+
+    content = _content()
+    content["fitins.parameters"]["big"] = Array(np.arange(3_000_000, dtype=np.float32))  # several chunks
+    m = _message(content)
+    sign_message(m, KEY, round=5)
+    with no_object_id_recompute():
+        m.metadata.__dict__["_message_id"] = m.object_id
+        objects = {oid: obj.deflate() for oid, obj in get_all_nested_objects(m).items()}
+    arrived = inflate_object_from_contents(m.object_id, objects, keep_object_contents=False)
+    assert list(arrived.content["fitins.parameters"].keys()) == ["0", "1", "big"]
+    assert verify_message(arrived, KEY.public_key()).round == 5
