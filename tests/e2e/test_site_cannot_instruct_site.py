@@ -94,7 +94,9 @@ def push_as_coordinator(address: str, ca: Path, auth_key: Path, message: Message
 @pytest.mark.timeout(420)
 def test_a_registered_site_cannot_instruct_another_site(tmp_path):
     sites = [VICTIM, SLOW]
-    fed = make_federation(tmp_path, hosts=["127.0.0.1"], sites=sites, register=[*sites, ATTACKER])
+    fed = make_federation(
+        tmp_path, hosts=["127.0.0.1"], sites=sites, register=[*sites, ATTACKER], extra_keys=[ATTACKER]
+    )
     address = f"127.0.0.1:{processes.free_port()}"
     logs = tmp_path / "logs"
     logs.mkdir()
