@@ -18,6 +18,7 @@ from flwr.client import ClientApp
 from flwr.common import Context
 
 from client.array_exchange_mod import array_exchange_mod
+from client.signed_instructions_mod import signed_instructions_mod
 from client.wire_client import WireClient
 from common.config.run import RUN_CONFIG_KEY, site_config
 from common.logs import setup_logging
@@ -66,5 +67,7 @@ def client_fn(context: Context):
     return WireClient(_build_site(site_config(context.run_config), node))
 
 
-# the simulation engine's shared-memory arrays (client/array_exchange_mod.py); a no-op on a deployment
-app = ClientApp(client_fn=client_fn, mods=[array_exchange_mod])
+# first the coordinator's signature on what arrived (client/signed_instructions_mod.py; a no-op
+# without a coordinator key), then the simulation engine's shared-memory arrays
+# (client/array_exchange_mod.py; a no-op on a deployment)
+app = ClientApp(client_fn=client_fn, mods=[signed_instructions_mod, array_exchange_mod])

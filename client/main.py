@@ -39,6 +39,7 @@ from common.config.structured import ConfigError
 from common.datasets import FACE_READERS, READERS, build_reader
 from common.datasets.base import DatasetLayoutError
 from common.datasets.verify import site_records, verify_report
+from common.instruction_signature import COORDINATOR_PUB, load_coordinator_public_key, public_key_fingerprint
 from common.private_folder import NotPrivateError, check_private, make_private
 from common.writable import NotWritableError, check_writable
 
@@ -71,6 +72,11 @@ def parser() -> argparse.ArgumentParser:
     sec.add_argument("--root-certificates", help="CA certificate (PEM) to verify the coordinator's TLS certificate")
     sec.add_argument("--insecure", action="store_true", help="plain-text HTTP (prints a warning)")
     p.add_argument("--auth-key", help="private key file of this site (node authentication), see docs/deployment.md")
+    p.add_argument(
+        "--coordinator-key",
+        help="the coordinator's public key (coordinator.pub from `fedserver certs`): the site acts only on "
+        "instructions it signed (default: coordinator.pub beside --root-certificates)",
+    )
     p.add_argument("--port", type=int, default=9094, help="local ClientAppIO port of the SuperNode (unique per host)")
     p.add_argument(
         "--max-retries", type=int, default=20, help="reconnect attempts before giving up (default %(default)s)"
@@ -181,6 +187,7 @@ def main(argv: list[str] | None = None) -> None:
         code, report = verify_report(a.site, [r.path for r in site_records(data)])
         print(report, file=sys.stderr if code else sys.stdout, flush=True)
         sys.exit(code)
+    settings = dataclasses.replace(settings, coordinator_key=coordinator_public_key(a))
     if reader not in FACE_READERS:  # FedFR batches mix in public images: any own count trains
         check_one_batch(a.site, len(data.train), a.batch_size or TrainConfig.batch_size)
     try:
@@ -255,6 +262,32 @@ def superexec_cmd(port: int, secret: Path) -> list[str]:
     """Flower's ``flower-superexec`` on the SuperNode's local Runtime API (``--port``), holding
     ``secret``; it exits with ``fedclient``."""
     return superexec.superexec_cmd(f"127.0.0.1:{port}", secret, parent_pid=os.getpid())
+
+
+def coordinator_public_key(a: argparse.Namespace) -> str:
+    """The coordinator's public key file (absolute), checked: ``--coordinator-key``, else
+    ``coordinator.pub`` beside ``--root-certificates``; "" (with a warning) only in plain text."""
+    if a.coordinator_key:
+        path = Path(a.coordinator_key).expanduser().resolve()
+    elif a.root_certificates:
+        path = Path(a.root_certificates).expanduser().resolve().parent / COORDINATOR_PUB
+        if not path.is_file():
+            raise SystemExit(
+                f"fedclient: no {COORDINATOR_PUB} beside --root-certificates ({path.parent}): give the "
+                "coordinator's public key with --coordinator-key FILE (from `fedserver certs`)"
+            )
+    else:
+        print(
+            "fedclient: WARNING: no --coordinator-key: instructions are NOT checked for the coordinator's signature",
+            file=sys.stderr,
+        )
+        return ""
+    try:
+        key = load_coordinator_public_key(path)
+    except ValueError as e:
+        raise SystemExit(f"fedclient: --coordinator-key: {e}") from None
+    print(f"fedclient: acting only on instructions signed by {public_key_fingerprint(key)} ({path})", flush=True)
+    return str(path)
 
 
 def check_one_batch(site: str, num_train: int, batch_size: int) -> None:

@@ -30,6 +30,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from common import processes, security
+from common.instruction_signature import ensure_coordinator_keys
 
 CONNECTION = "fedreid"
 CLI_TIMEOUT_S = 60.0
@@ -42,12 +43,13 @@ def certs_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="fedserver certs",
         description=(
-            "Make a private CA (ca.crt, ca.key) and the coordinator's TLS certificate (server.pem, server.key) "
-            "in OUT_DIR. An existing CA in OUT_DIR is reused, so that re-issuing the server certificate (e.g. for "
-            "a new host name) does not change what the sites trust."
+            "Make a private CA (ca.crt, ca.key), the coordinator's TLS certificate (server.pem, server.key) and "
+            "its instruction-signing key (coordinator.key, coordinator.pub) in OUT_DIR. An existing CA and "
+            "signing key in OUT_DIR are reused, so that re-issuing the server certificate (e.g. for a new host "
+            "name) does not change what the sites trust."
         ),
     )
-    p.add_argument("out_dir", help="folder for ca.crt, ca.key, server.pem, server.key")
+    p.add_argument("out_dir", help="folder for ca.crt, ca.key, server.pem, server.key, coordinator.key/.pub")
     p.add_argument(
         "--host",
         action="append",
@@ -66,6 +68,7 @@ def certs_main(argv: list[str]) -> int:
     out = Path(a.out_dir).expanduser().resolve()
     try:
         files, new_ca = security.write_tls(out, a.host, days=a.days, force=a.force)
+        signing_key, signing_pub, _ = ensure_coordinator_keys(out)
     except (FileExistsError, ValueError) as e:
         raise SystemExit(f"fedserver certs: {e}") from None
     hosts = security.cert_hosts(files.cert)
@@ -74,13 +77,15 @@ def certs_main(argv: list[str]) -> int:
   {files.ca_key}     keep offline with the operator (0600); it signs server certificates
   {files.cert}  coordinator certificate
   {files.key}  coordinator private key (0600)
+  {signing_pub}  give to every site beside ca.crt (public): it verifies the coordinator's instructions
+  {signing_key}  the coordinator's signing key (0600); never leaves the coordinator
 
 Coordinator:
   fedserver superlink.ca_cert={files.ca_cert} superlink.cert={files.cert} superlink.key={files.key} \\
             superlink.node_auth=true superlink.site_keys=SITE_KEYS_DIR
 Each site:
   fedclient --site NAME --superlink {next((h for h in a.host), "127.0.0.1")}:9092 --root-certificates ca.crt \\
-            --auth-key NAME.key""")
+            --auth-key NAME.key     (coordinator.pub is read from beside ca.crt)""")
     return 0
 
 

@@ -4,6 +4,8 @@
 On the simulation engine with ``engine.array_exchange`` files (a private Ray instance's default) the
 Grid Flower hands the ServerApp is wrapped so that the messages' large arrays travel as
 shared-memory files (``server/array_exchange_grid.py``); the strategy above it is the same.
+With ``superlink.coordinator_key`` (``fedserver`` sets it on the deployment engine) every message
+the ServerApp sends is signed with that key (``server/signing_grid.py``): sites act on nothing else.
 """
 
 from __future__ import annotations
@@ -18,9 +20,12 @@ from flwr.server import Grid, ServerApp, ServerAppComponents
 
 from common.array_exchange import exchange_folder
 from common.config.run import serverapp_config
+from common.instruction_signature import load_coordinator_key
 from common.logs import setup_logging
 from common.processes import RUN_TAG_ENV
 from server.array_exchange_grid import ArrayExchangeGrid
+from server.checkpoint import checkpoint_round
+from server.signing_grid import SigningGrid
 from server.tasks import server_task
 
 log = logging.getLogger("fedserver")
@@ -35,10 +40,15 @@ def server_fn(context: Context) -> ServerAppComponents:
 
 
 class FedServerApp(ServerApp):
-    """Flower's ServerApp, with the Grid of a simulation run wrapped for the array exchange."""
+    """Flower's ServerApp, with its Grid signing every message (a coordinator key) and, on a
+    simulation run, moving the arrays through files."""
 
     def __call__(self, grid: Grid, context: Context) -> None:
-        if not serverapp_config(context.run_config).engine.exchanges_files():
+        cfg = serverapp_config(context.run_config)
+        if cfg.superlink.coordinator_key:
+            offset = checkpoint_round(cfg.resume_from) if cfg.resume_from else 0
+            grid = SigningGrid(grid, load_coordinator_key(cfg.superlink.coordinator_key), round_offset=offset)
+        if not cfg.engine.exchanges_files():
             super().__call__(grid, context)
             return
         # the run's tag (server/simulation.py) names the folder, which the launcher removes too when

@@ -77,6 +77,11 @@ def save_server_checkpoint(path: str | Path, ck: ServerCheckpoint) -> None:
     atomic_torch_save(server_checkpoint(ck), path)
 
 
+def checkpoint_round(path: str | Path) -> int:
+    """The round a checkpoint was written after, reading only its small entries (memory-mapped)."""
+    return int(torch_load(path, mmap=True)["round"])
+
+
 def load_server_checkpoint(path: str | Path) -> ServerCheckpoint:
     raw = torch_load(path)
     if raw.get("format") != FORMAT:

@@ -23,6 +23,7 @@ from typing import Self
 
 from common import processes
 from common.config.compose import REPO_ROOT
+from common.instruction_signature import ensure_coordinator_keys
 
 # how long a site's SuperNode keeps retrying to reach the SuperLink (fedclient --max-wait-time)
 SITE_MAX_WAIT_S = 120
@@ -130,7 +131,10 @@ class Launcher:
     """The processes of one federation on this machine, each in its own process group: ``fedserver``
     (``server``) and the sites' ``fedclient`` (``sites``, by name). ``close`` stops every process it
     ever started, latest first; as a context manager it does so however the block ends. Each site
-    writes ``log_dir/site_NAME.log``; ``logs`` collects the tails of every log it knows."""
+    writes ``log_dir/site_NAME.log``; ``logs`` collects the tails of every log it knows.
+
+    The coordinator signs its instructions with ``log_dir/coordinator.key`` (made once, kept for a
+    resume) and every site verifies them with ``coordinator.pub``, as on separate machines."""
 
     def __init__(self, superlink: str, log_dir: Path):
         self.superlink = superlink
@@ -153,8 +157,18 @@ class Launcher:
             self.log_paths.append(log_path)
         return proc
 
+    def signing_keys(self) -> tuple[Path, Path]:
+        """The coordinator's signing key and its public key, in ``log_dir`` (made at the first call)."""
+        key, pub, _ = ensure_coordinator_keys(self.log_dir)
+        return key, pub
+
     def start_server(self, args: Sequence[str], log_path: Path | None = None) -> subprocess.Popen:
-        """``fedserver ARGS`` (its output to ``log_path``, else to this process's stdout)."""
+        """``fedserver ARGS`` (its output to ``log_path``, else to this process's stdout), signing
+        with this federation's key unless ARGS name one (or run the simulation engine: no sites
+        outside fedserver's own processes)."""
+        args = list(args)
+        if "engine=simulation" not in args and not any(a.startswith("superlink.coordinator_key=") for a in args):
+            args.append(f"superlink.coordinator_key={self.signing_keys()[0]}")
         self.server = self._start([sys.executable, "-m", "server.main", *args], log_path)
         return self.server
 
@@ -162,6 +176,8 @@ class Launcher:
         self, site: LocalSite, *, batch_size: int | None = None, extra: Sequence[str] = ()
     ) -> subprocess.Popen:
         """``fedclient`` of ``site`` against this federation's SuperLink (see ``fedclient_cmd``)."""
+        if "--coordinator-key" not in extra:
+            extra = [*extra, "--coordinator-key", str(self.signing_keys()[1])]
         cmd = fedclient_cmd(site, self.superlink, batch_size=batch_size, extra=extra)
         self.sites[site.name] = self._start(cmd, self.site_log(site.name))
         return self.sites[site.name]

@@ -24,6 +24,12 @@ from common.config.experiment import ExperimentConfig
 from common.config.run import ENV as SERVERAPP_ENV
 from common.config.run import site_run_config, write_serverapp_config
 from common.config.structured import ConfigError
+from common.instruction_signature import (
+    COORDINATOR_KEY,
+    ensure_coordinator_keys,
+    load_coordinator_key,
+    public_key_fingerprint,
+)
 from common.writable import NotWritableError, check_writable
 from server import admin
 from server.front import FrontError, plan_front, start_front
@@ -55,6 +61,8 @@ Sites:   superlink.node_auth=true superlink.site_keys=DIR: only registered site 
 Public:  on a non-loopback superlink.address the SuperLink listens on 127.0.0.1:superlink.loopback_port
          and fedserver starts nginx (apt-get install nginx-light) in front of it, forwarding only the
          Fleet API; without nginx it refuses, unless superlink.behind_proxy=true (your own proxy)
+Signing: every instruction is signed with superlink.coordinator_key (default: coordinator.key beside
+         superlink.ca_cert; in plain text RUN_DIR/coordinator.key); sites verify it with coordinator.pub
 Admin:   fedserver certs | register-site | list-sites | unregister-site  (each with --help)
 Resume:  fedserver resume=RUN_DIR [superlink.*=... round_timeout_s=... wait_for_sites_s=...]
          continues a stopped or crashed run from RUN_DIR/global_latest.pt (written after every
@@ -102,6 +110,34 @@ def build_superlink_cmd(cfg: ExperimentConfig) -> list[str]:
                 raise SystemExit(f"fedserver: superlink.{k}: file not found: {getattr(sl, k)}")
         cmd += ["--ssl-ca-certfile", sl.ca_cert, "--ssl-certfile", sl.cert, "--ssl-keyfile", sl.key]
     return cmd
+
+
+def coordinator_key(cfg: ExperimentConfig, run_dir: Path) -> Path:
+    """The key that signs every instruction: ``superlink.coordinator_key``, else ``coordinator.key``
+    beside ``superlink.ca_cert`` (TLS), else ``RUN_DIR/coordinator.key`` (plain text; made once)."""
+    sl = cfg.superlink
+    if sl.coordinator_key:
+        path = Path(sl.coordinator_key).expanduser().resolve()
+    elif not sl.insecure and sl.ca_cert:
+        path = Path(sl.ca_cert).expanduser().resolve().parent / COORDINATOR_KEY
+        if not path.is_file():
+            raise SystemExit(
+                f"fedserver: no {COORDINATOR_KEY} beside superlink.ca_cert ({path.parent}): run `fedserver certs "
+                f"{path.parent}` (it keeps the CA and adds the key) or set superlink.coordinator_key=FILE"
+            )
+    else:
+        path, _, made = ensure_coordinator_keys(run_dir)
+        if made:
+            print(f"fedserver: made {path} (sites verify instructions with {path.with_suffix('.pub')})", flush=True)
+    try:
+        key = load_coordinator_key(path)
+    except ValueError as e:
+        raise SystemExit(f"fedserver: superlink.coordinator_key: {e}") from None
+    print(
+        f"fedserver: instructions signed with {path} (public key {public_key_fingerprint(key.public_key())})",
+        flush=True,
+    )
+    return path
 
 
 class Engine(Protocol):
@@ -223,6 +259,9 @@ def run(cfg: ExperimentConfig, *, resume: bool = False) -> int:
             file=sys.stderr,
         )
     run_dir.mkdir(parents=True, exist_ok=True)
+    if cfg.engine.name == "deployment":  # sites on other machines act only on signed instructions
+        cfg.superlink.coordinator_key = str(coordinator_key(cfg, run_dir))
+        link_cfg.superlink.coordinator_key = cfg.superlink.coordinator_key  # the ServerApp signs with it
     # superlink.persist_state=true keeps the SuperLink's state (registered nodes, keys) in a file:
     # after a coordinator crash `fedserver resume=RUN_DIR` reopens it and the sites' SuperNodes (still
     # retrying, up to their --max-wait-time) carry on with their node ids. In memory (the default)

@@ -168,6 +168,10 @@ class SuperLinkConfig:
     # Flower node authentication (needs TLS): only sites whose public key is registered may join.
     node_auth: bool = False
     site_keys: str | None = None  # folder of <site>.pub registered at start (`fedserver register-site`)
+    # the coordinator's Ed25519 key that signs every instruction (sites verify it with coordinator.pub).
+    # None: coordinator.key beside ca_cert (`fedserver certs` makes it); in plain text, RUN_DIR/coordinator.key
+    # (made at the first start, kept for resume)
+    coordinator_key: str | None = None
     # Keep the SuperLink's state in RUN_DIR/superlink.db (SQLite) so that after a coordinator crash
     # `fedserver resume=RUN_DIR` reopens it and running sites carry on without a restart. Off by
     # default: SQLite also stores every parameter chunk and, on a busy machine, its write lock

@@ -43,6 +43,9 @@ class SiteConfig:
     # workers between rounds, write the state off the reply's path
     hold_state: bool = False
     site_socket: str = ""  # the long-lived site process's channel (client/forward.py); "" = none
+    # the coordinator's public key (coordinator.pub): every instruction must carry its signature
+    # (client/signed_instructions_mod.py); "" = instructions are not verified (plain text only)
+    coordinator_key: str = ""
 
     # field -> node-config key; the first five always travel, the others only when set
     NODE_KEYS = {
@@ -55,6 +58,7 @@ class SiteConfig:
         "fault": "fault",
         "hold_state": "hold-state",
         "site_socket": "site-socket",
+        "coordinator_key": "coordinator-key",
     }
     ALWAYS = ("site", "data_root", "reader", "state_dir", "device")
 

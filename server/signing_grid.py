@@ -1,0 +1,60 @@
+"""The ServerApp's Grid with every outgoing message signed by the coordinator's key.
+
+:class:`SigningGrid` wraps the Grid Flower gives the ServerApp (``server/app.py``); the Strategy
+and Flower's legacy server above it are unchanged. Each message it pushes gains the coordinator's
+signature (``common/instruction_signature.py``) over its run, destination, type, group, content and
+the round the coordinator counts: Flower's round (the group id) plus ``round_offset``, the rounds a
+resumed run's checkpoint had done, which it also declares (``resumed_after``) so that a site lets
+it ask again the round it lost. Replies pass through untouched.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from flwr.common import Message
+from flwr.server import Grid
+
+from common.instruction_signature import NOT_RESUMED, sign_message
+
+
+class SigningGrid(Grid):
+    def __init__(self, grid: Grid, key: Ed25519PrivateKey, *, round_offset: int = 0) -> None:
+        self.grid = grid
+        self.key = key
+        self.round_offset = round_offset
+
+    # -- the Grid interface: everything but signing is the wrapped Grid's
+    def set_run(self, run) -> None:
+        self.grid.set_run(run)
+
+    @property
+    def run(self):
+        return self.grid.run
+
+    def create_message(self, *args, **kwargs) -> Message:
+        return self.grid.create_message(*args, **kwargs)
+
+    def get_node_ids(self) -> Iterable[int]:
+        return self.grid.get_node_ids()
+
+    def get_nodes(self):
+        return self.grid.get_nodes()
+
+    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
+        return self.grid.push_messages([self.sign(m) for m in messages])
+
+    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
+        return self.grid.pull_messages(message_ids)
+
+    def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:
+        return self.grid.send_and_receive([self.sign(m) for m in messages], timeout=timeout)
+
+    def sign(self, message: Message) -> Message:
+        """``message`` with the coordinator's signature for the round it belongs to."""
+        group = message.metadata.group_id
+        flower_round = int(group) if group.isdigit() else 0
+        resumed_after = self.round_offset if self.round_offset > 0 else NOT_RESUMED
+        sign_message(message, self.key, round=flower_round + self.round_offset, resumed_after=resumed_after)
+        return message
