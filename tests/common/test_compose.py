@@ -137,9 +137,10 @@ def test_site_command_flags_volumes_and_secrets(compose, site):
     assert m[a.data_root][0] == f"./data/{site}"
     state_src, state_ro = m[a.state_dir]
     assert state_src == f"{site}_state" and not state_ro and state_src in compose["volumes"]
-    # TLS and its own key only; the key is a secret file, never a value
+    # TLS, the coordinator's public signing key and its own key only; the key is a secret file, never a value
     assert a.root_certificates == "/run/secrets/ca_cert" and a.auth_key == f"/run/secrets/{site}_key"
-    assert sorted(s["secrets"]) == sorted(["ca_cert", f"{site}_key"])
+    assert a.coordinator_key == "/run/secrets/coordinator_pub"
+    assert sorted(s["secrets"]) == sorted(["ca_cert", "coordinator_pub", f"{site}_key"])
     assert compose["secrets"][f"{site}_key"]["file"] == f"./secrets/sites/{site}.key"
     assert not a.insecure and a.device == "cpu"
 
@@ -152,6 +153,7 @@ def test_no_two_services_share_data_state_or_keys(compose):
         for secret in s.get("secrets", []):
             users.setdefault(secret, []).append(name)
     assert users.pop("ca_cert") == ["superlink", "proxy", *SITES]  # public, everyone
+    assert users.pop("coordinator_pub") == SITES  # public: every site verifies the coordinator's signatures
     # the coordinator's TLS identity: the SuperLink (loopback TLS) and the proxy (public TLS) only
     assert users.pop("server_key") == users.pop("server_cert") == ["superlink", "proxy"]
     assert all(len(v) == 1 for v in users.values()), users
