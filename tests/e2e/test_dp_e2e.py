@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from common.dp_accountant import default_delta, epsilon_spent
+from tests.federation import tiny_fedfr_demo
 from tests.procutil import processes_mentioning, run_to_end
 
 REPO = Path(__file__).resolve().parents[2]
@@ -71,45 +72,8 @@ def test_fedreid_with_dp_stops_at_max_epsilon(tmp_path):
 @pytest.mark.timeout(600)
 def test_fedfr_round_with_dp(tmp_path):
     out = tmp_path / "run"
-    cmd = [
-        sys.executable,
-        "-m",
-        "server.fedfr.demo",
-        "--out",
-        str(out),
-        "--sites",
-        "face1",
-        "face2",
-        "--public-ids",
-        "6",
-        "--public-images",
-        "4",
-        "--ids-per-site",
-        "3",
-        "--train",
-        "4",
-        "--test",
-        "2",
-        "--ijbc-subjects",
-        "4",
-        "--size",
-        "16",
-        "--timeout",
-        "420",
-        "rounds=1",
-        "privacy=dp",
-        "privacy.target_epsilon=5",
-        "privacy.delta=1e-3",
-        "privacy.clip_norm=0.05",
-        "fedfr.embedding_dim=16",
-        "fedfr.pretrain_epochs=1",
-        "fedfr.pretrain_batch_size=8",
-        "fedfr.local_epochs=1",
-        "fedfr.batch_size=4",
-        "eval.batch_size=32",
-        "wait_for_sites_s=120",
-        "round_timeout_s=180",
-    ]
+    dp = ["privacy=dp", "privacy.target_epsilon=5", "privacy.delta=1e-3", "privacy.clip_norm=0.05"]
+    cmd = [*tiny_fedfr_demo(out), *dp]
     code, output = run_to_end(cmd, cwd=REPO, marker=str(tmp_path), timeout_s=540)
     assert code == 0, output[-4000:]
     rows = json.loads((out / "metrics.json").read_text())
