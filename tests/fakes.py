@@ -443,7 +443,8 @@ def stop_all(fed: TlsFederation, marker: str) -> None:
 
 
 def secret_fragments(*key_files: Path) -> list[str]:
-    """Encodings of the private scalars of key files: none of them may appear in any log or output.
+    """Encodings of the private scalars (EC) or raw private bytes (Ed25519) of key files: none of them
+    may appear in any log or output.
 
     The scalar d is searched as hex and as base64 at each of the 3 byte alignments a stream can
     give it (only the 4-character groups that lie wholly inside d), so that a key file copied
@@ -453,7 +454,13 @@ def secret_fragments(*key_files: Path) -> list[str]:
     for f in key_files:
         data = f.read_bytes()
         loader = serialization.load_ssh_private_key if b"OPENSSH" in data else serialization.load_pem_private_key
-        d = loader(data, password=None).private_numbers().private_value.to_bytes(48, "big")
+        key = loader(data, password=None)
+        if hasattr(key, "private_numbers"):  # EC: the scalar d
+            d = key.private_numbers().private_value.to_bytes(48, "big")
+        else:  # Ed25519 (the coordinator's signing key): its 32 raw private bytes
+            d = key.private_bytes(
+                serialization.Encoding.Raw, serialization.PrivateFormat.Raw, serialization.NoEncryption()
+            )
         frags.append(d.hex())
         for pad in range(3):
             enc = base64.b64encode(bytes(pad) + d).decode()

@@ -237,6 +237,7 @@ def test_compose_topology_two_rounds_across_network_namespaces(tmp_path):
     keys = [
         secrets / "tls" / "ca.key",
         secrets / "tls" / "server.key",
+        secrets / "tls" / "coordinator.key",  # the coordinator's signing key
         *(secrets / "sites" / f"{s}.key" for s in SITES),
     ]
     assert_no_secrets(tmp_path, secret_fragments(*keys), skip=set(keys))

@@ -125,7 +125,8 @@ def test_registered_sites_train_and_unregistered_are_refused(tmp_path):
     # secrets: configuration holds file paths only; no log or output holds private key material
     cfg = json.loads((run_dir / "config.json").read_text())["superlink"]
     assert cfg["key"] == str(fed.tls.key) and cfg["node_auth"] is True
-    keys = [fed.tls.ca_key, fed.tls.key, *(fed.key(n) for n in [*sites, "cuhk03", "impostor"])]
+    signing = fed.tls.ca_cert.parent / "coordinator.key"  # the coordinator's signing key, beside ca.crt
+    keys = [fed.tls.ca_key, fed.tls.key, signing, *(fed.key(n) for n in [*sites, "cuhk03", "impostor"])]
     assert_no_secrets(tmp_path, secret_fragments(*keys), skip=set(keys))
     time.sleep(1)
     assert processes_mentioning(str(tmp_path)) == [], "processes left behind"
