@@ -40,7 +40,7 @@ and Hydra overrides: `KEY=VALUE` sets a key (`rounds=10`, `strategy.fraction=0.5
 `GROUP=OPTION` picks a file of `conf/GROUP/` (`experiment=demo`), `++KEY=VALUE` adds an entry to
 a mapping (`++eval.targets.viper.root=/data/VIPeR`). An unknown key or a value of the wrong type
 is refused in one line that names the key, what was expected and what was found.
-`fedserver --cfg [overrides]` prints the composed configuration.
+`fedserver show-config [overrides]` prints the composed configuration.
 
 The default column is what a run gets with no override (the dataclass default, or the value
 `conf/config.yaml` sets over it); `experiment=...` and the other groups change some of them
