@@ -60,6 +60,16 @@ def tiny_fedfr_demo(out: Path, timeout_s: int = 420) -> list[str]:
     return [sys.executable, "-m", "server.fedfr.demo", *args, *overrides]
 
 
+def tiny_fedsim(out: Path, overrides: list[str], timeout_s: int = 420) -> list[str]:
+    """fedsim with two real sites (market1501, dukemtmc) at its smallest: 4 identities x 4 images of 32x16,
+    one step of 4 images per round; ``overrides`` (rounds=, privacy=, ...) after these."""
+    args = ["--out", str(out), "--sites", "market1501", "dukemtmc", "--train-ids", "4", "--images-per-id", "4"]
+    args += ["--target-ids", "3", "--timeout", str(timeout_s)]
+    tiny = ["model.height=32", "model.width=16", "train.batch_size=4", "train.max_steps_per_epoch=1"]
+    tiny += ["wait_for_sites_s=120", "round_timeout_s=180"]
+    return [sys.executable, "-m", "server.sim", *args, *tiny, *overrides]
+
+
 class Federation:
     def __init__(self, root: Path, sites: list[str], overrides: list[str]):
         self.root = Path(root)

@@ -2,14 +2,13 @@
 stops before the round that would cross it, and a FedFR round; clipping and epsilon read from metrics.json."""
 
 import json
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from common.dp_accountant import default_delta, epsilon_spent
-from tests.federation import tiny_fedfr_demo
+from tests.federation import tiny_fedfr_demo, tiny_fedsim
 from tests.procutil import processes_mentioning, run_to_end
 
 REPO = Path(__file__).resolve().parents[2]
@@ -20,36 +19,8 @@ def test_fedreid_with_dp_stops_at_max_epsilon(tmp_path):
     out = tmp_path / "run"
     delta = default_delta(8)  # 2 sites x 4 identities
     eps = [epsilon_spent(sample_rate=1.0, noise_multiplier=1.0, rounds=r, delta=delta) for r in range(4)]
-    cmd = [
-        sys.executable,
-        "-m",
-        "server.sim",
-        "--out",
-        str(out),
-        "--sites",
-        "market1501",
-        "dukemtmc",
-        "--train-ids",
-        "4",
-        "--images-per-id",
-        "4",
-        "--target-ids",
-        "3",
-        "--timeout",
-        "420",
-        "rounds=3",
-        "privacy=dp",
-        "privacy.identities=8",
-        "privacy.noise_multiplier=1.0",
-        "privacy.clip_norm=0.05",
-        f"privacy.max_epsilon={(eps[2] + eps[3]) / 2}",
-        "model.height=32",
-        "model.width=16",
-        "train.batch_size=4",
-        "train.max_steps_per_epoch=1",
-        "wait_for_sites_s=120",
-        "round_timeout_s=180",
-    ]
+    dp = ["privacy=dp", "privacy.identities=8", "privacy.noise_multiplier=1.0", "privacy.clip_norm=0.05"]
+    cmd = tiny_fedsim(out, ["rounds=3", *dp, f"privacy.max_epsilon={(eps[2] + eps[3]) / 2}"])
     code, output = run_to_end(cmd, cwd=REPO, marker=str(tmp_path), timeout_s=480)
     assert code == 0, output[-4000:]
     assert "privacy.max_epsilon" in output and "stops after round 2 of 3" in output
