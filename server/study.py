@@ -189,7 +189,8 @@ def run_study(study: dict, out: Path, *, only: list[str] | None = None, timeout_
     unknown = sorted(set(only or []) - set(study["variants"]))
     if unknown:
         raise SystemExit(f"fedstudy: unknown variant(s) {unknown}; the study has {list(study['variants'])}")
-    jobs = [(v, int(s)) for v in variants for s in study["seeds"]]
+    # seed-major: an interrupted study still holds every variant for its first seeds (paired claims)
+    jobs = [(v, int(s)) for s in study["seeds"] for v in variants]
     pretrained = pretrained_start(study, out)
     t_study = time.time()
     for i, (variant, seed) in enumerate(jobs, 1):
