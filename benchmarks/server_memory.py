@@ -16,7 +16,6 @@ in model copies: ``extra_copies = peak above (global + replies) / model bytes``.
 from __future__ import annotations
 
 import argparse
-import inspect
 import json
 import platform
 import sys
@@ -30,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from common.params import Manifest
 from server.strategy import FedReIDStrategy
+from server.strategy_settings import StrategySettings
 from tests.fakes import fit_res, manager_of
 
 
@@ -49,17 +49,8 @@ def one_round(manifest: Manifest, n_sites: int, beta: float) -> dict:
     sites = [f"site{i:03d}" for i in range(n_sites)]
     rng = np.random.default_rng(0)
     base = [rng.standard_normal(s).astype(np.float32) for s in manifest.shapes]
-    kwargs = {
-        "manifest": manifest,
-        "initial_arrays": base,
-        "min_available_sites": n_sites,
-        "beta": beta,
-        "wait_for_sites_s": 5,
-        "seed": 0,
-    }
-    if "sites" in inspect.signature(FedReIDStrategy.__init__).parameters:
-        kwargs["sites"] = sites
-    strategy = FedReIDStrategy(**kwargs)
+    settings = StrategySettings(sites=sites, min_available_sites=n_sites, beta=beta, wait_for_sites_s=5, seed=0)
+    strategy = FedReIDStrategy(manifest=manifest, initial_arrays=base, settings=settings)
     parameters = strategy.initialize_parameters(client_manager=None)  # the global model, as Flower keeps it
     model_bytes = sum(len(t) for t in parameters.tensors)
     cm = manager_of(sites)

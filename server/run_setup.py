@@ -1,12 +1,9 @@
-"""The ServerApp setup both tasks share: the strategy's settings from the config, the run's noise
-secret, the checkpoint a resumed run continues after, and the ``ServerAppComponents`` that run the
-rounds left."""
+"""The ServerApp setup both tasks share: the checkpoint a resumed run continues after, and the
+``ServerAppComponents`` that run the rounds left (the strategy's settings: ``server/strategy_settings.py``)."""
 
 from __future__ import annotations
 
 import logging
-import secrets
-from functools import partial
 
 from flwr.server import ServerAppComponents, ServerConfig
 
@@ -14,50 +11,11 @@ from common.checkpoint import atomic_json_save
 from common.config.experiment import ExperimentConfig
 from common.params import Manifest
 from server.checkpoint import ServerCheckpoint, load_server_checkpoint, restore_rng
-from server.dp import DPSettings, dp_settings
+from server.dp import DPSettings
 from server.reporting import RoundReporter
-from server.sites import SITE_NODES, load_site_nodes
 from server.strategy import FedReIDStrategy
 
 log = logging.getLogger("fedserver")
-
-
-def strategy_settings(cfg: ExperimentConfig, ck: ServerCheckpoint | None) -> dict:
-    """The strategy's constructor arguments from the config (both tasks), and the run's noise secret."""
-    st = cfg.strategy
-    site_nodes = None
-    if cfg.superlink.node_auth:  # names come from the key registration (fedserver writes the table)
-        path = cfg.resolved_run_dir() / SITE_NODES
-        site_nodes = partial(load_site_nodes, path)
-    return {
-        "sites": list(cfg.sites),
-        "fraction": st.fraction,
-        "sampling": st.sampling,
-        "min_fit_sites": st.min_fit_sites,
-        "min_available_sites": st.min_available_sites,
-        "aggregation": st.aggregation,
-        "trim_fraction": st.trim_fraction,
-        "norm_bound": st.norm_bound,
-        "norm_action": st.norm_action,
-        "weight_cap": st.weight_cap,
-        "site_images": dict(st.site_images),
-        "site_nodes": site_nodes,
-        "beta": cfg.privacy.beta,
-        "client_noise": cfg.privacy.client_noise,
-        "seed": cfg.seed,
-        "wait_for_sites_s": cfg.wait_for_sites_s,
-        "noise_secret": run_noise_secret(ck),
-        "dp": dp_settings(cfg),
-    }
-
-
-def run_noise_secret(ck: ServerCheckpoint | None) -> str:
-    """The key of the run's privacy noise (Eq. 14-15): drawn with ``secrets`` when a run starts, read
-    back from the checkpoint on resume (so the resumed run draws the same noise). It never enters
-    the config, the run config or any message: a site that knows the seed cannot regenerate the noise."""
-    if ck is not None and ck.strategy.get("noise_secret"):
-        return str(ck.strategy["noise_secret"])
-    return secrets.token_hex(32)
 
 
 def resume_checkpoint(cfg: ExperimentConfig, manifest: Manifest) -> ServerCheckpoint | None:

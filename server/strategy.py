@@ -1,6 +1,7 @@
 """The FedReID strategy: selective aggregation of the shared embedding plus white noise.
 
-A subclass of Flower's ``FedAvg`` that overrides the hooks, not the round loop:
+A subclass of Flower's ``FedAvg`` that overrides the hooks, not the round loop; it is built from one
+``StrategySettings`` (``server/strategy_settings.py``, taken from the experiment config there):
 - ``configure_fit``: names the connected nodes (``server/sites.py``: one node per configured site),
   waits (bounded) for all ``min_available_sites`` before the first round only, later rounds go on
   with whoever is connected down to ``min_fit_sites``; samples ceil(S*N) site NAMES with a seeded
@@ -49,13 +50,10 @@ from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import FedAvg
 
-from common.config.experiment import SAMPLINGS
 from common.params import Manifest, check_arrays
 from common.privacy import add_white_noise
 from common.seeding import secret_rng, stable_seed
 from server.aggregate import (
-    AGGREGATIONS,
-    NORM_ACTIONS,
     average,
     capped_weights,
     clip_scales,
@@ -64,11 +62,12 @@ from server.aggregate import (
     robust_aggregate,
     sample_sites,
 )
-from server.dp import DPSettings, add_dp_noise, dp_scales
+from server.dp import add_dp_noise, dp_scales
 from server.replies import ReplyError, check_metrics, decode_arrays, encode_arrays
 from server.reply_checks import ArrivalProxy, CheckedReplies, CheckedReply, check_reply
-from server.site_metrics import FEDREID_SITE_METRICS, SiteMetrics, describe_dropped
+from server.site_metrics import FEDREID_SITE_METRICS, describe_dropped
 from server.sites import SiteRoster
+from server.strategy_settings import StrategySettings
 from server.thread_map import coordinator_threads, thread_map
 
 log = logging.getLogger("fedserver")
@@ -119,84 +118,58 @@ class FedReIDStrategy(FedAvg):
         *,
         manifest: Manifest,
         initial_arrays: list[np.ndarray],
-        sites: list[str],
-        fraction: float = 1.0,
-        sampling: str = "paper",
-        min_fit_sites: int = 1,
-        min_available_sites: int = 4,
-        beta: float = 0.0,
-        client_noise: bool = True,
-        weighted: bool = False,
-        aggregation: str = "mean",
-        trim_fraction: float = 0.25,
-        norm_bound: float = 10.0,
-        norm_action: str = "clip",
-        weight_cap: float = 10.0,
-        site_images: dict[str, int] | None = None,
-        site_nodes: Callable[[], dict[int, str] | None] | None = None,
-        keep_site_models: bool = False,
-        seed: int = 0,
-        noise_secret: str = "",
-        wait_for_sites_s: float = 600.0,
-        fit_config: dict[str, Scalar] | None = None,
+        settings: StrategySettings,
         on_round_end: RoundEndFn | None = None,
-        round_offset: int = 0,
-        threads: int = 0,
-        dp: DPSettings | None = None,
-        site_metrics: SiteMetrics | None = None,
     ) -> None:
         check_arrays(manifest, initial_arrays, who="initial parameters")
-        if sampling not in SAMPLINGS or aggregation not in AGGREGATIONS or norm_action not in NORM_ACTIONS:
-            raise ValueError(
-                f"sampling {sampling!r} (one of {SAMPLINGS}), aggregation {aggregation!r} (one of "
-                f"{AGGREGATIONS}), norm_action {norm_action!r} (one of {NORM_ACTIONS})"
-            )
         initial = encode_arrays(manifest, initial_arrays)  # the global model, packed (common/params.py)
+        st = settings
         super().__init__(
-            fraction_fit=fraction,
+            fraction_fit=st.fraction,
             fraction_evaluate=0.0,  # evaluation is central, on unseen domains
             min_fit_clients=1,
             min_evaluate_clients=0,
-            min_available_clients=min_available_sites,
+            min_available_clients=st.min_available_sites,
             initial_parameters=initial,
             accept_failures=True,
         )
         self.manifest = manifest
-        self.sites = sorted(sites)
-        self.sampling = sampling
-        self.min_fit_sites = min_fit_sites
-        self.beta = beta
-        self.client_noise = client_noise
-        self.weighted = weighted
-        self.aggregation = aggregation
-        self.trim_fraction = trim_fraction
-        self.norm_bound = norm_bound
-        self.norm_action = norm_action
-        self.weight_cap = weight_cap
-        self.site_images = dict(site_images or {})  # the operator's registry (FedFR weights)
+        self.settings = st
+        self.sites = sorted(st.sites)
+        self.sampling = st.sampling
+        self.min_fit_sites = st.min_fit_sites
+        self.beta = st.beta
+        self.client_noise = st.client_noise
+        self.weighted = bool(st.weighted)  # None: FedReID's Eq. (8), a plain mean
+        self.aggregation = st.aggregation
+        self.trim_fraction = st.trim_fraction
+        self.norm_bound = st.norm_bound
+        self.norm_action = st.norm_action
+        self.weight_cap = st.weight_cap
+        self.site_images = dict(st.site_images)  # the operator's registry (FedFR weights)
         self.frozen_counts: dict[str, float] = {}  # without a registry: each site's first count, kept
-        self.keep_site_models = keep_site_models
-        self.seed = seed
+        self.keep_site_models = st.keep_site_models
+        self.seed = st.seed
         # Eq. (14)-(15) noise is drawn from generators keyed by this per-run secret, never by the
         # seed: every site knows the seed (it is in the config they receive) and could regenerate
         # and subtract the noise. The ServerApp passes the run's secret (kept in the checkpoint for
         # an exact resume); without one, the strategy draws its own.
-        self.noise_secret = noise_secret or secrets.token_hex(32)
-        self.wait_for_sites_s = wait_for_sites_s
-        self.fit_config = dict(fit_config or {})
+        self.noise_secret = st.noise_secret or secrets.token_hex(32)
+        self.wait_for_sites_s = st.wait_for_sites_s
+        self.fit_config = dict(st.fit_config)
         self.on_round_end = on_round_end
         self.records: dict[int, RoundRecord] = {}  # only the current round's is kept (memory stays flat)
         self.site_models: dict[str, list[np.ndarray]] = {}
-        self.round_offset = round_offset  # rounds completed before this Flower run (resume)
-        self.roster = SiteRoster(self.sites, bound=site_nodes, timeout_s=min(120.0, wait_for_sites_s))
+        self.round_offset = st.round_offset  # rounds completed before this Flower run (resume)
+        self.roster = SiteRoster(self.sites, bound=st.site_nodes, timeout_s=min(120.0, st.wait_for_sites_s))
         self._sent = initial  # what the sites were sent this round (before noise): the norm reference
         self._checked = CheckedReplies()  # replies checked as they arrived (server/reply_checks.py)
         # the replies' checks, norms and average on this many threads (0: the process's cores, at most 8);
         # the results do not depend on it (server/thread_map.py)
-        self.threads = threads if threads > 0 else coordinator_threads()
+        self.threads = st.threads if st.threads > 0 else coordinator_threads()
         # client-level DP (server/dp.py): clipping to C replaces the median-relative bound, the mean is
         # unweighted over a fixed n (one site's influence at most C/n), Gaussian noise on the aggregate
-        self.dp = dp
+        self.dp = dp = st.dp
         if dp is not None:
             log.info(
                 "client-level DP: updates clipped to C=%g, noise z=%.4g (std %.4g on the mean of %d), delta=%.3g%s",
@@ -205,9 +178,11 @@ class FedReIDStrategy(FedAvg):
                 dp.noise_std,
                 dp.sampled,
                 dp.delta,
-                "; the mean is unweighted (image-count weights would give one site more than C/n)" if weighted else "",
+                "; the mean is unweighted (image-count weights would give one site more than C/n)"
+                if self.weighted
+                else "",
             )
-        self.site_metrics = site_metrics or self.SITE_METRICS  # None: the task's own declaration
+        self.site_metrics = st.site_metrics or self.SITE_METRICS  # None: the task's own declaration
 
     def __repr__(self) -> str:
         return f"FedReIDStrategy(S={self.fraction_fit}, beta={self.beta}, manifest={self.manifest.hash})"

@@ -24,7 +24,8 @@ from server.fedfr.evaluate import GenericEvaluator
 from server.fedfr.pretrain import load_pretrained, pretrained_path
 from server.fedfr.strategy import FedFRStrategy
 from server.reporting import RoundReporter
-from server.run_setup import resume_checkpoint, run_components, strategy_settings
+from server.run_setup import resume_checkpoint, run_components
+from server.strategy_settings import settings_from_config
 
 log = logging.getLogger("fedserver")
 
@@ -61,9 +62,8 @@ def build_components(cfg: ExperimentConfig) -> ServerAppComponents:
     strategy = FedFRStrategy(
         manifest=manifest,
         initial_arrays=initial,
-        **strategy_settings(cfg, ck),
-        fit_config={"public_hash": ckpt["public_hash"]},  # sites check they mine the same public identities
+        # the sites check that they mine the same public identities
+        settings=settings_from_config(cfg, ck, fit_config={"public_hash": ckpt["public_hash"]}),
         on_round_end=reporter,
-        round_offset=ck.round if ck else 0,
     )
     return run_components(cfg, strategy, reporter, ck)

@@ -17,13 +17,13 @@ of the round's weights. Sampling, noise, update checks and the round report are 
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 
-import numpy as np
 from flwr.common import FitRes
 
-from common.params import Manifest
 from server.site_metrics import FEDFR_SITE_METRICS
 from server.strategy import FedReIDStrategy
+from server.strategy_settings import StrategySettings
 
 log = logging.getLogger("fedserver")
 
@@ -31,11 +31,14 @@ log = logging.getLogger("fedserver")
 class FedFRStrategy(FedReIDStrategy):
     SITE_METRICS = FEDFR_SITE_METRICS  # the metric keys FedFR sites may report
 
-    def __init__(self, *, manifest: Manifest, initial_arrays: list[np.ndarray], **kwargs) -> None:
-        """Keyword arguments as FedReIDStrategy's, except ``weighted`` (always by own image count)."""
-        if "weighted" in kwargs:
-            raise TypeError("FedFRStrategy is always weighted by each site's own image count (Eq. 2/4)")
-        super().__init__(manifest=manifest, initial_arrays=initial_arrays, weighted=True, **kwargs)
+    def __init__(self, *, settings: StrategySettings, **kwargs) -> None:
+        """Arguments as FedReIDStrategy's; ``settings.weighted`` is left None (always by own image count)."""
+        if settings.weighted is not None:
+            raise ValueError(
+                f"strategy settings weighted={settings.weighted}: FedFR is always weighted by each site's own "
+                "image count (Eq. 2/4); leave it None"
+            )
+        super().__init__(settings=replace(settings, weighted=True), **kwargs)
 
     def __repr__(self) -> str:
         return f"FedFRStrategy(S={self.fraction_fit}, weighted by own images, manifest={self.manifest.hash})"

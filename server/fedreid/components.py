@@ -20,8 +20,9 @@ from common.seeding import seed_everything
 from server.fedreid.evaluate import ReIDEvaluator, evaluate_arrays
 from server.fedreid.fedavg_strategy import FedAvgStrategy
 from server.reporting import RoundReporter
-from server.run_setup import resume_checkpoint, run_components, strategy_settings
+from server.run_setup import resume_checkpoint, run_components
 from server.strategy import FedReIDStrategy
+from server.strategy_settings import settings_from_config
 
 log = logging.getLogger("fedserver")
 
@@ -98,11 +99,8 @@ def build_components(cfg: ExperimentConfig) -> ServerAppComponents:
     strategy = (FedAvgStrategy if mode.common_head else FedReIDStrategy)(
         manifest=manifest,
         initial_arrays=initial,
-        **strategy_settings(cfg, ck),
-        weighted=False,  # Eq. (8): a plain mean over the selected sites
-        keep_site_models=mode.own_embedding,
+        settings=settings_from_config(cfg, ck, keep_site_models=mode.own_embedding),  # Eq. (8): unweighted
         on_round_end=reporter,
-        round_offset=ck.round if ck else 0,
         **extra,
     )
     return run_components(cfg, strategy, reporter, ck)

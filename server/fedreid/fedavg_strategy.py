@@ -40,13 +40,13 @@ class FedAvgStrategy(FedReIDStrategy):
     def __init__(
         self,
         *,
-        sites: list[str],
         head_size: int,
         ask: Callable[[ClientProxy, float], tuple[str, int]] = ask_identities,
         **kwargs,
     ) -> None:
-        super().__init__(sites=sites, **kwargs)
-        self.sites = list(sites)  # the configured order: it decides the label offsets
+        """Arguments as FedReIDStrategy's, and the common head's size."""
+        super().__init__(**kwargs)
+        self.sites = list(self.settings.sites)  # the configured order: it decides the label offsets
         self.head_size = head_size
         self.ask = ask
         self.counts: dict[str, int] = {}  # site -> identity count (the census)

@@ -17,6 +17,7 @@ from common.datasets.synthetic import write_market_layout
 from common.models.builder import expected_manifest, model_for
 from common.params import get_shared
 from server.fedreid.fedavg_strategy import FedAvgStrategy
+from server.strategy_settings import StrategySettings
 from tests.fakes import fit_config, make_client, manager_of, packed, tiny_config
 
 SITES = ["market1501", "dukemtmc"]
@@ -53,9 +54,7 @@ def _fedavg_strategy(cfg, counts: dict[str, int], asked: list):
     return FedAvgStrategy(
         manifest=man,
         initial_arrays=init,
-        min_available_sites=2,
-        wait_for_sites_s=1,
-        sites=cfg.sites,
+        settings=StrategySettings(min_available_sites=2, wait_for_sites_s=1, sites=cfg.sites),
         head_size=cfg.strategy.fedavg_num_classes,
         ask=ask,
     ), init

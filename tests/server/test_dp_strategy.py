@@ -16,6 +16,7 @@ from server.fedfr.strategy import FedFRStrategy
 from server.reporting import RoundReporter
 from server.run_setup import last_round, run_components
 from server.strategy import FedReIDStrategy
+from server.strategy_settings import StrategySettings
 from tests.fakes import MAN, STRATEGY_SITES, fit_res, manager_of, named_results, packed, tiny_config, unpacked
 
 
@@ -29,11 +30,10 @@ def strategy(cls=FedReIDStrategy, **kw):
     return cls(
         manifest=MAN,
         initial_arrays=full(0.0),
-        sites=STRATEGY_SITES,
-        min_available_sites=4,
-        wait_for_sites_s=1,
-        noise_secret="test-secret",
-        **kw,
+        on_round_end=kw.pop("on_round_end", None),
+        settings=StrategySettings(
+            sites=STRATEGY_SITES, min_available_sites=4, wait_for_sites_s=1, noise_secret="test-secret", **kw
+        ),
     )
 
 
@@ -139,7 +139,9 @@ def test_noise_on_the_aggregate_has_std_z_c_over_n():
         aggregate(strategy(dp=dp(z=z, c=c, n=n)), same, rnd=7)[0], aggregate(s, same, rnd=7)[0]
     )
     other = FedReIDStrategy(
-        manifest=MAN, initial_arrays=full(0.0), sites=STRATEGY_SITES, noise_secret="another", dp=dp(z=z, c=c, n=n)
+        manifest=MAN,
+        initial_arrays=full(0.0),
+        settings=StrategySettings(sites=STRATEGY_SITES, noise_secret="another", dp=dp(z=z, c=c, n=n)),
     )
     assert not np.array_equal(aggregate(other, same, rnd=7)[0], aggregate(s, same, rnd=7)[0])
 

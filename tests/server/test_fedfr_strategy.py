@@ -7,6 +7,7 @@ from flwr.common import Code, FitRes, Status, ndarrays_to_parameters
 from common.params import Manifest, to_wire
 from server.fedfr.strategy import FedFRStrategy
 from server.strategy import FedReIDStrategy
+from server.strategy_settings import StrategySettings
 from tests.fakes import named_results, unpacked
 
 MAN = Manifest(keys=("backbone.fc.weight", "public_proxies"), shapes=((2, 3), (4, 3)), dtypes=("float32", "float32"))
@@ -30,18 +31,15 @@ def strategy(**kw):
     return FedFRStrategy(
         manifest=MAN,
         initial_arrays=arrays(0, 0),
-        sites=["a", "b", "c"],
-        min_available_sites=3,
-        wait_for_sites_s=1,
-        **kw,
+        settings=StrategySettings(sites=["a", "b", "c"], min_available_sites=3, wait_for_sites_s=1, **kw),
     )
 
 
 def test_same_strategy_family_and_always_weighted():
     s = strategy()
     assert isinstance(s, FedReIDStrategy) and s.weighted
-    with pytest.raises(TypeError, match="own image count"):
-        FedFRStrategy(manifest=MAN, initial_arrays=arrays(0, 0), sites=["a"], weighted=False)
+    with pytest.raises(ValueError, match="own image count"):
+        FedFRStrategy(manifest=MAN, initial_arrays=arrays(0, 0), settings=StrategySettings(sites=["a"], weighted=False))
 
 
 def test_backbone_and_public_proxies_weighted_by_own_image_count():

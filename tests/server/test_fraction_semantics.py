@@ -11,6 +11,7 @@ import pytest
 
 from common.seeding import stable_seed
 from server.strategy import FedReIDStrategy
+from server.strategy_settings import StrategySettings
 from tests.fakes import MAN, arrays, fit_res, manager_of, packed, unpacked
 
 SITES = ["cuhk03", "dukemtmc", "market1501", "msmt17", "viper"]
@@ -20,11 +21,9 @@ def strategy(**kw):
     return FedReIDStrategy(
         manifest=MAN,
         initial_arrays=arrays(0.0),
-        sites=SITES,
-        min_available_sites=5,
-        wait_for_sites_s=kw.pop("wait", 1),
-        norm_bound=0,
-        **kw,
+        settings=StrategySettings(
+            sites=SITES, min_available_sites=5, wait_for_sites_s=kw.pop("wait", 1), norm_bound=0, **kw
+        ),
     )
 
 

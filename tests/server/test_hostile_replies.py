@@ -16,6 +16,7 @@ from common.params import Manifest
 from server.fedfr.strategy import FedFRStrategy
 from server.replies import ReplyError, check_metrics, decode_arrays
 from server.strategy import FedReIDStrategy
+from server.strategy_settings import StrategySettings
 from tests.fakes import fit_res, named_results, packed, unpacked
 
 MAN = Manifest(keys=("embedding.w", "embedding.b"), shapes=((4, 5), (5,)), dtypes=("float32", "float32"))
@@ -33,10 +34,7 @@ def strategy(cls=FedReIDStrategy, **kw):
     return cls(
         manifest=MAN,
         initial_arrays=arrays(0.0),
-        sites=kw.pop("sites", SITES),
-        min_available_sites=1,
-        wait_for_sites_s=1,
-        **kw,
+        settings=StrategySettings(sites=kw.pop("sites", SITES), min_available_sites=1, wait_for_sites_s=1, **kw),
     )
 
 
@@ -223,10 +221,7 @@ def fr_strategy(**kw):
     return FedFRStrategy(
         manifest=FR,
         initial_arrays=[np.zeros(3, np.float32)],
-        sites=["a", "b", "c"],
-        min_available_sites=1,
-        norm_bound=0,
-        **kw,
+        settings=StrategySettings(sites=["a", "b", "c"], min_available_sites=1, norm_bound=0, **kw),
     )
 
 

@@ -13,6 +13,7 @@ from common.models.fedfr import expected_fedfr_manifest
 from common.params import get_shared, set_shared
 from common.privacy import add_white_noise
 from server.strategy import FedReIDStrategy
+from server.strategy_settings import StrategySettings
 from tests.fakes import fit_res, manager_of, named_results, tiny_config, unpacked
 
 BETA = 0.01
@@ -62,12 +63,9 @@ def test_noised_global_model_with_small_running_variances_gives_finite_features(
     s = FedReIDStrategy(
         manifest=man,
         initial_arrays=a,
-        sites=["a", "b"],
-        beta=BETA,
-        min_available_sites=2,
-        wait_for_sites_s=1,
-        seed=3,
-        norm_bound=0,
+        settings=StrategySettings(
+            sites=["a", "b"], beta=BETA, min_available_sites=2, wait_for_sites_s=1, seed=3, norm_bound=0
+        ),
     )
     results = named_results(s, [fit_res(name, x) for name, x in (("a", a), ("b", b))])
     params, _ = s.aggregate_fit(1, results, [])  # Eq. (8) + Eq. (14)

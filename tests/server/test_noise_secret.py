@@ -9,6 +9,7 @@ receives and must fail, while a resume from the checkpoint reproduces the noise 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -18,8 +19,8 @@ from common.config.run import ENV, serverapp_config, site_config, site_run_confi
 from common.seeding import stable_seed
 from server.checkpoint import CHECKPOINT, load_server_checkpoint
 from server.reporting import RoundReporter
-from server.run_setup import run_noise_secret, strategy_settings
 from server.strategy import FedReIDStrategy, RoundRecord
+from server.strategy_settings import run_noise_secret, settings_from_config
 from tests.fakes import MAN, arrays, fit_res, manager_of, named_results, packed, tiny_config, unpacked
 
 BETA = 0.1
@@ -49,7 +50,7 @@ def build(cfg: ExperimentConfig, ck=None) -> FedReIDStrategy:
     s = FedReIDStrategy(
         manifest=MAN,
         initial_arrays=arrays(0.0),
-        **{**strategy_settings(cfg, ck), "wait_for_sites_s": 1, "site_nodes": None, "norm_bound": 0},
+        settings=replace(settings_from_config(cfg, ck), wait_for_sites_s=1, site_nodes=None, norm_bound=0),
     )
     if ck is not None:
         s.restore_state(ck.strategy)
@@ -57,7 +58,9 @@ def build(cfg: ExperimentConfig, ck=None) -> FedReIDStrategy:
 
 
 def what_a_site_receives(cfg: ExperimentConfig, strategy: FedReIDStrategy, rnd: int):
-    ins = strategy.configure_fit(rnd, packed(arrays(1.0)), manager_of(cfg.sites))
+    """The site view of the config and the fit instructions of the run's round ``rnd`` (a resumed
+    strategy counts Flower's rounds after its checkpoint's round)."""
+    ins = strategy.configure_fit(rnd - strategy.round_offset, packed(arrays(1.0)), manager_of(cfg.sites))
     return site_config(site_run_config(cfg)), ins
 
 
@@ -105,7 +108,7 @@ def test_resume_from_the_checkpoint_reproduces_the_noise_exactly(tmp_path):
         agg = []
         for s in (first, resumed):
             replies = named_results(s, [fit_res(cfg.sites[0], arrays(1.0)), fit_res(cfg.sites[1], arrays(3.0))])
-            agg.append(unpacked(MAN, s.aggregate_fit(rnd, replies, [])[0]))
+            agg.append(unpacked(MAN, s.aggregate_fit(rnd - s.round_offset, replies, [])[0]))
         agg_a, agg_b = agg
         assert all(x.tobytes() == y.tobytes() for x, y in zip(agg_a, agg_b))
         noise = np.concatenate([(x - 2.0).ravel() for x in agg_a])  # Eq. (14) on the mean 2.0

@@ -11,6 +11,7 @@ from server.aggregate import norm_of, squared_distances, update_norm
 from server.replies import ReplyError, decode_arrays
 from server.reply_checks import ArrivalProxy, CheckedReplies, check_reply
 from server.strategy import FedReIDStrategy
+from server.strategy_settings import StrategySettings
 from tests.fakes import FakeProxy, fit_res, packed, unpacked
 
 MAN = Manifest(keys=("w", "steps", "stats"), shapes=((4, 5), (1,), (3,)), dtypes=("float32", "int64", "float64"))
@@ -83,7 +84,9 @@ SITES = ["a", "b", "c", "d", "e"]
 
 def round_of(replies: dict, *, on_arrival: bool, monkeypatch, calls: list):
     s = FedReIDStrategy(
-        manifest=MAN, initial_arrays=update(0.0), sites=SITES, min_available_sites=5, wait_for_sites_s=1
+        manifest=MAN,
+        initial_arrays=update(0.0),
+        settings=StrategySettings(sites=SITES, min_available_sites=5, wait_for_sites_s=1),
     )
     cm = SimpleClientManager()
     for i, site in enumerate(SITES):

@@ -24,6 +24,7 @@ from server.checkpoint import (
 )
 from server.resume import COMMAND_LINE_ONLY, announce_resume, resume_config
 from server.strategy import FedReIDStrategy
+from server.strategy_settings import StrategySettings
 from tests.fakes import MAN, arrays, manager, named_results, packed, res, tiny_config, unpacked
 
 
@@ -31,10 +32,10 @@ def strategy(**kw):
     return FedReIDStrategy(
         manifest=MAN,
         initial_arrays=arrays(0.0),
-        sites=["cuhk03", "dukemtmc", "market1501", "msmt17"],
-        min_available_sites=2,
-        wait_for_sites_s=1,
-        **kw,
+        on_round_end=kw.pop("on_round_end", None),
+        settings=StrategySettings(
+            sites=["cuhk03", "dukemtmc", "market1501", "msmt17"], min_available_sites=2, wait_for_sites_s=1, **kw
+        ),
     )
 
 

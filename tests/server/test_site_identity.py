@@ -11,6 +11,7 @@ from client.site_settings import site_settings
 from common.config.site import load_site
 from server.sites import SiteRoster, load_site_nodes, write_site_nodes
 from server.strategy import FedReIDStrategy
+from server.strategy_settings import StrategySettings
 from tests.fakes import MAN, FakeProxy, arrays, fit_res, manager_of, packed, tiny_config
 
 SITES = ["cuhk03", "dukemtmc", "market1501", "msmt17"]
@@ -63,7 +64,9 @@ def test_with_node_authentication_the_registration_names_the_node(tmp_path):
 
 def test_min_available_sites_counts_sites_not_nodes():
     s = FedReIDStrategy(
-        manifest=MAN, initial_arrays=arrays(0.0), sites=SITES, min_available_sites=4, wait_for_sites_s=1
+        manifest=MAN,
+        initial_arrays=arrays(0.0),
+        settings=StrategySettings(sites=SITES, min_available_sites=4, wait_for_sites_s=1),
     )
     cm = manager_of(["cuhk03", "dukemtmc", "market1501", "market1501"])  # 4 nodes, 3 sites
     with pytest.raises(TimeoutError, match="only 3 of the required 4 sites"):
@@ -71,7 +74,9 @@ def test_min_available_sites_counts_sites_not_nodes():
 
 
 def test_a_reply_from_an_unnamed_node_is_dropped():
-    s = FedReIDStrategy(manifest=MAN, initial_arrays=arrays(0.0), sites=SITES, min_available_sites=1)
+    s = FedReIDStrategy(
+        manifest=MAN, initial_arrays=arrays(0.0), settings=StrategySettings(sites=SITES, min_available_sites=1)
+    )
     params, _ = s.aggregate_fit(1, [(FakeProxy("9", "market1501"), fit_res("market1501", arrays(1.0)))], [])
     assert params is None and "not a named site" in s.records[1].dropped["node-9"]
 

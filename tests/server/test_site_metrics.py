@@ -15,6 +15,7 @@ from server.replies import ReplyError
 from server.reporting import RoundReporter
 from server.site_metrics import FEDFR_SITE_METRICS, FEDREID_SITE_METRICS, SiteMetrics
 from server.strategy import FedReIDStrategy
+from server.strategy_settings import StrategySettings
 from tests.fakes import MAN, arrays, fit_res, named_results, tiny_config, unpacked
 
 FLOOD = 50_000
@@ -30,10 +31,7 @@ def test_a_reply_with_50000_metric_keys_leaves_only_the_allowlisted_ones_in_metr
     s = FedReIDStrategy(
         manifest=MAN,
         initial_arrays=arrays(0.0),
-        sites=["a", "b"],
-        min_available_sites=1,
-        wait_for_sites_s=1,
-        norm_bound=0,
+        settings=StrategySettings(sites=["a", "b"], min_available_sites=1, wait_for_sites_s=1, norm_bound=0),
         on_round_end=rep,
     )
     replies = named_results(
@@ -62,7 +60,11 @@ def test_a_reply_with_50000_metric_keys_leaves_only_the_allowlisted_ones_in_metr
 
 
 def test_fedfr_sites_report_their_keys_and_nothing_else():
-    s = FedFRStrategy(manifest=MAN, initial_arrays=arrays(0.0), sites=["a"], min_available_sites=1, wait_for_sites_s=1)
+    s = FedFRStrategy(
+        manifest=MAN,
+        initial_arrays=arrays(0.0),
+        settings=StrategySettings(sites=["a"], min_available_sites=1, wait_for_sites_s=1),
+    )
     assert s.site_metrics is FEDFR_SITE_METRICS
     real = {"own_images": 10, "train_seconds": 1.5, "loss": 2.0, "cos": 1.0, "con": 0.5, "bce": 0.1}
     real |= {"acc": 0.5, "steps": 4.0, "con_first": 0.4, "hard_negatives": 7.0, "lr": 0.001}
@@ -70,7 +72,7 @@ def test_fedfr_sites_report_their_keys_and_nothing_else():
     s.aggregate_fit(1, replies, [])
     assert s.records[1].site_metrics == {"a": {k: float(v) for k, v in real.items()}}
     assert FedReIDStrategy(
-        manifest=MAN, initial_arrays=arrays(0.0), sites=["a"], min_available_sites=1
+        manifest=MAN, initial_arrays=arrays(0.0), settings=StrategySettings(sites=["a"], min_available_sites=1)
     ).site_metrics is (FEDREID_SITE_METRICS)
 
 

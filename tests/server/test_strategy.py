@@ -6,6 +6,7 @@ from flwr.common import ndarrays_to_parameters
 
 from common.params import Manifest, packed_nbytes, raw_bytes
 from server.strategy import FedReIDStrategy
+from server.strategy_settings import StrategySettings
 from tests.fakes import MAN, STRATEGY_SITES, arrays, fit_res, manager, named_results, packed, res, unpacked
 
 
@@ -13,10 +14,9 @@ def strategy(**kw):
     return FedReIDStrategy(
         manifest=MAN,
         initial_arrays=arrays(0.0),
-        sites=kw.pop("sites", STRATEGY_SITES),
-        min_available_sites=kw.pop("n", 4),
-        wait_for_sites_s=1,
-        **kw,
+        settings=StrategySettings(
+            sites=kw.pop("sites", STRATEGY_SITES), min_available_sites=kw.pop("n", 4), wait_for_sites_s=1, **kw
+        ),
     )
 
 
@@ -99,9 +99,7 @@ def test_server_noise_on_the_aggregate_has_std_beta():
     s = FedReIDStrategy(
         manifest=big,
         initial_arrays=[np.zeros((200, 200), np.float32)],
-        sites=["0", "1", "2"],
-        min_available_sites=3,
-        beta=0.2,
+        settings=StrategySettings(sites=["0", "1", "2"], min_available_sites=3, beta=0.2),
     )
     ups = named_results(s, [res(str(i), [np.full((200, 200), float(i), np.float32)]) for i in range(3)])
     params, _ = s.aggregate_fit(1, ups, [])
