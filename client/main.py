@@ -161,12 +161,27 @@ def main(argv: list[str] | None = None) -> None:
 
         sys.exit(keygen_main(args[1:]))
     a = parser().parse_args(args)
+    settings = site_settings(a)
+    data = check_site_data(a.site, settings)
+    if a.verify_images:  # check the data and exit: the operator's step before joining
+        sys.exit(verify_images(a.site, data))
+    settings = dataclasses.replace(settings, coordinator_key=coordinator_public_key(a))
+    if settings.reader not in FACE_READERS:  # FedFR batches mix in public images: any own count trains
+        check_one_batch(a.site, len(data.train), a.batch_size or TrainConfig.batch_size)
+    home = prepare_state_folder(a, settings.state_dir)
+    if a.insecure:
+        print("fedclient: WARNING: --insecure: traffic to the coordinator is NOT encrypted", file=sys.stderr)
+    sys.exit(run_site(a, settings, home))
+
+
+def site_settings(a: argparse.Namespace) -> SiteConfig:
+    """The operator's options over conf/site/<site>.yaml, paths made absolute."""
     try:
         site = load_site(a.site)
     except ValueError as e:
         raise ConfigError(str(e)) from None
     public_root = a.public_root or site.public_root
-    settings = SiteConfig(  # the operator's options over conf/site/<site>.yaml
+    return SiteConfig(
         site=a.site,
         data_root=str(Path(a.data_root or site.data_root).expanduser().resolve()),
         reader=a.reader or site.reader,
@@ -175,52 +190,47 @@ def main(argv: list[str] | None = None) -> None:
         device=a.device,
         fault=a.fault,
     )
-    data_root, reader, state_dir = settings.data_root, settings.reader, settings.state_dir
-    try:  # fail here, with the layout, rather than inside the first round
-        data = build_reader(reader, data_root)
-        # a FedFR face site (identity folders) summarises itself; a Re-ID reader its splits
-        summary = data.summary() if reader in FACE_READERS else data.splits.summary()
-    except (DatasetLayoutError, ValueError) as e:
-        raise ConfigError(f"site {a.site}: {e}") from None
-    print(f"fedclient: site {a.site}: {summary}", flush=True)
-    if a.verify_images:  # check the data and exit: the operator's step before joining
-        code, report = verify_report(a.site, [r.path for r in site_records(data)])
-        print(report, file=sys.stderr if code else sys.stdout, flush=True)
-        sys.exit(code)
-    settings = dataclasses.replace(settings, coordinator_key=coordinator_public_key(a))
-    if reader not in FACE_READERS:  # FedFR batches mix in public images: any own count trains
-        check_one_batch(a.site, len(data.train), a.batch_size or TrainConfig.batch_size)
+
+
+def check_site_data(site: str, settings: SiteConfig):
+    """The site's dataset, read and summarised: fail here, with the layout, rather than inside the
+    first round."""
     try:
-        make_private(state_dir)  # created 0700: only this user may write the state and the channel
+        data = build_reader(settings.reader, settings.data_root)
+        # a FedFR face site (identity folders) summarises itself; a Re-ID reader its splits
+        summary = data.summary() if settings.reader in FACE_READERS else data.splits.summary()
+    except (DatasetLayoutError, ValueError) as e:
+        raise ConfigError(f"site {site}: {e}") from None
+    print(f"fedclient: site {site}: {summary}", flush=True)
+    return data
+
+
+def verify_images(site: str, data) -> int:
+    """Decode every image of the site and print the report: 0 when all decode, 1 when not."""
+    code, report = verify_report(site, [r.path for r in site_records(data)])
+    print(report, file=sys.stderr if code else sys.stdout, flush=True)
+    return code
+
+
+def prepare_state_folder(a: argparse.Namespace, state_dir: str) -> Path:
+    """The state folder, created private (0700: only this user may write the state and the channel)
+    and checked writable; returns the SuperNode's Flower home, checked writable."""
+    try:
+        make_private(state_dir)
         check_writable(state_dir, f"site {a.site}: state folder (--state-dir)")
         check_private(state_dir, f"site {a.site}: state folder (--state-dir)")
-        home = check_writable(a.flwr_home or Path(state_dir) / "flwr_home", f"site {a.site}: Flower home (--flwr-home)")
+        return check_writable(a.flwr_home or Path(state_dir) / "flwr_home", f"site {a.site}: Flower home (--flwr-home)")
     except (NotWritableError, NotPrivateError) as e:
         raise SystemExit(f"fedclient: {e}") from None
-    if a.insecure:
-        print("fedclient: WARNING: --insecure: traffic to the coordinator is NOT encrypted", file=sys.stderr)
+
+
+def run_site(a: argparse.Namespace, settings: SiteConfig, home: Path) -> int:
+    """Start the site process (unless ``--no-site-process``), the SuperExec and the SuperNode, watch
+    them until the SuperNode exits, stop them all; the exit status (client/run_end.py)."""
+    state_dir = settings.state_dir
     started_at = time.time()
-    supervisor, sock = None, ""
-    if not a.no_site_process:  # the long-lived site process (client/site_process.py) and its channel
-        sock = str(socket_path(state_dir))
-        supervisor = SiteSupervisor(
-            a.site,
-            site_process_cmd(sock, settings.to_node_config()),
-            processes.tool_env(),
-            max_restarts=a.site_restarts,
-        )
-        supervisor.start()
-    # each message's ClientApp process, started by Flower's SuperExec holding the SuperNode's secret
-    secret = superexec.write_secret(Path(state_dir) / superexec.SECRET_FILE)
-    runner = SiteSupervisor(
-        a.site,
-        superexec_cmd(a.port, secret),
-        processes.tool_env(home, {superexec.POLL_INTERVAL_ENV: str(SUPEREXEC_POLL_S)}),
-        max_restarts=a.site_restarts,
-        what="SuperExec",
-        restart="restarting it",
-    )
-    runner.start()
+    supervisor, sock = start_site_process(a, settings)
+    secret, runner = start_superexec(a, state_dir, home)
     proc = processes.start(
         supernode_cmd(a, dataclasses.replace(settings, site_socket=sock), secret), processes.tool_env(home)
     )
@@ -241,7 +251,7 @@ def main(argv: list[str] | None = None) -> None:
     while (code := proc.poll()) is None:
         if not all(keeper.check() for keeper in keepers):
             stop_all(10)
-            sys.exit(1)
+            return 1
         time.sleep(0.5)
     stop_all(2)
     # the SuperNode also exits 0 when refused (401) or when the coordinator is gone: only the end of
@@ -250,7 +260,39 @@ def main(argv: list[str] | None = None) -> None:
         a.site, code, read_progress(state_dir), started_at, superlink=a.superlink, auth_key=a.auth_key
     )
     print(message, file=sys.stderr if status else sys.stdout, flush=True)
-    sys.exit(status)
+    return status
+
+
+def start_site_process(a: argparse.Namespace, settings: SiteConfig) -> tuple[SiteSupervisor | None, str]:
+    """The long-lived site process (client/site_process.py) and its channel's socket path; (None, "")
+    with ``--no-site-process``."""
+    if a.no_site_process:
+        return None, ""
+    sock = str(socket_path(settings.state_dir))
+    supervisor = SiteSupervisor(
+        a.site,
+        site_process_cmd(sock, settings.to_node_config()),
+        processes.tool_env(),
+        max_restarts=a.site_restarts,
+    )
+    supervisor.start()
+    return supervisor, sock
+
+
+def start_superexec(a: argparse.Namespace, state_dir: str, home: Path) -> tuple[Path, SiteSupervisor]:
+    """Flower's SuperExec, which starts each message's ClientApp process, holding the SuperNode's
+    secret (written to the state folder); (the secret's file, its supervisor)."""
+    secret = superexec.write_secret(Path(state_dir) / superexec.SECRET_FILE)
+    runner = SiteSupervisor(
+        a.site,
+        superexec_cmd(a.port, secret),
+        processes.tool_env(home, {superexec.POLL_INTERVAL_ENV: str(SUPEREXEC_POLL_S)}),
+        max_restarts=a.site_restarts,
+        what="SuperExec",
+        restart="restarting it",
+    )
+    runner.start()
+    return secret, runner
 
 
 # the SuperExec asks the SuperNode for a ClientApp task this often: a round's message waits on the

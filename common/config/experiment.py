@@ -26,6 +26,11 @@ SITE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")  # a site name is a
 SAMPLINGS = ("paper", "public")  # strategy.sampling (issue 11, item 4)
 
 
+def _bad(key: str, expected: str, found: Any) -> ValueError:
+    """The error of a wrong config key: the key, what was expected and what was found."""
+    return ValueError(f"config {key}: expected {expected}, found {found!r}")
+
+
 def check_site_name(site: str) -> str:
     """``site`` unchanged, or ValueError: site names become file names (conf/site/<site>.yaml, state folders)."""
     if not isinstance(site, str) or not SITE_NAME.fullmatch(site):
@@ -260,114 +265,142 @@ class ExperimentConfig:
     def sites_per_round(self) -> int:
         return sites_per_round(self.strategy.fraction, len(self.sites))
 
-    def _validate_dp(self, bad: Any) -> None:
+    def validate(self) -> None:
+        """Every key checked, in this order; the first wrong one raises ValueError naming the key, what
+        was expected and what was found."""
+        self._check_model()
+        self._check_task()
+        self._check_strategy_mode()
+        if not 0 <= self.superlink.loopback_port <= 65535:
+            raise _bad("superlink.loopback_port", "a port in [0, 65535] (0: a free one)", self.superlink.loopback_port)
+        self._check_privacy()
+        self._check_training()
+        if self.eval.metric not in ("cosine", "euclidean"):
+            raise _bad("eval.metric", "cosine or euclidean", self.eval.metric)
+        self._check_sites()
+        self._check_aggregation()
+        self._check_site_counts()
+
+    def _check_model(self) -> None:
+        self.model.pretrained = normalize_pretrained(self.model.pretrained)  # older run folders: null = none
+        if self.model.pretrained.lower() == "torchvision":
+            raise _bad(
+                "model.pretrained",
+                "imagenet (torchvision's weights API), none or a path to a .pth file",
+                self.model.pretrained,
+            )
+
+    def _check_task(self) -> None:
+        """The task, its own section, and the engine for the sites."""
+        if self.task not in ("fedreid", "fedfr"):
+            raise _bad("task", "fedreid or fedfr", self.task)
+        if self.task == "fedfr":
+            self.fedfr.validate()
+        self.engine.validate(self.sites)
+
+    def _check_strategy_mode(self) -> None:
+        """S, the mode, and the common head's size of the modes that have one."""
+        if not 0.0 < self.strategy.fraction <= 1.0:
+            raise _bad("strategy.fraction", "S in (0, 1]", self.strategy.fraction)
+        if self.strategy.mode not in MODES:
+            raise _bad("strategy.mode", f"one of {', '.join(MODES)}", self.strategy.mode)
+        if MODES[self.strategy.mode].common_head and self.strategy.fedavg_num_classes < 1:
+            raise _bad(
+                "strategy.fedavg_num_classes",
+                ">= 1 in fedavg mode (one head size for all sites)",
+                self.strategy.fedavg_num_classes,
+            )
+
+    def _check_privacy(self) -> None:
+        """beta, and with ``privacy.dp`` client-level DP's parameters and what it needs of the strategy."""
+        if not 0.0 <= self.privacy.beta <= 1.0:
+            raise _bad("privacy.beta", "beta in [0, 1]", self.privacy.beta)
+        if not self.privacy.dp:
+            return
         p = self.privacy
         if not p.clip_norm > 0:
-            raise bad("privacy.clip_norm", "an L2 norm C > 0", p.clip_norm)
+            raise _bad("privacy.clip_norm", "an L2 norm C > 0", p.clip_norm)
         if not p.noise_multiplier >= 0 or not p.target_epsilon >= 0 or not p.max_epsilon >= 0:
-            raise bad(
+            raise _bad(
                 "privacy.noise_multiplier / target_epsilon / max_epsilon",
                 "numbers >= 0",
                 [p.noise_multiplier, p.target_epsilon, p.max_epsilon],
             )
         if not 0.0 <= p.delta < 1.0:
-            raise bad("privacy.delta", "delta in (0, 1), or 0 for 1/identities^1.1", p.delta)
+            raise _bad("privacy.delta", "delta in (0, 1), or 0 for 1/identities^1.1", p.delta)
         if p.delta == 0 and p.identities < 2:
-            raise bad(
+            raise _bad(
                 "privacy.identities",
                 "the number of identities in the federation (>= 2) for the default delta, or privacy.delta",
                 p.identities,
             )
         if self.strategy.aggregation != "mean":
-            raise bad(
+            raise _bad(
                 "strategy.aggregation",
                 "mean with privacy.dp (the noise is calibrated to a clipped mean; a median or trimmed mean "
                 "has another sensitivity)",
                 self.strategy.aggregation,
             )
         if MODES[self.strategy.mode].own_embedding:
-            raise bad("strategy.mode", "a mode that averages an update with privacy.dp", self.strategy.mode)
+            raise _bad("strategy.mode", "a mode that averages an update with privacy.dp", self.strategy.mode)
 
-    def validate(self) -> None:
-        def bad(key: str, expected: str, found: Any) -> ValueError:
-            return ValueError(f"config {key}: expected {expected}, found {found!r}")
-
-        self.model.pretrained = normalize_pretrained(self.model.pretrained)  # older run folders: null = none
-        if self.model.pretrained.lower() == "torchvision":
-            raise bad(
-                "model.pretrained",
-                "imagenet (torchvision's weights API), none or a path to a .pth file",
-                self.model.pretrained,
-            )
-        if self.task not in ("fedreid", "fedfr"):
-            raise bad("task", "fedreid or fedfr", self.task)
-        if self.task == "fedfr":
-            self.fedfr.validate()
-        self.engine.validate(self.sites)
-        if not 0.0 < self.strategy.fraction <= 1.0:
-            raise bad("strategy.fraction", "S in (0, 1]", self.strategy.fraction)
-        if self.strategy.mode not in MODES:
-            raise bad("strategy.mode", f"one of {', '.join(MODES)}", self.strategy.mode)
-        if MODES[self.strategy.mode].common_head and self.strategy.fedavg_num_classes < 1:
-            raise bad(
-                "strategy.fedavg_num_classes",
-                ">= 1 in fedavg mode (one head size for all sites)",
-                self.strategy.fedavg_num_classes,
-            )
-        if not 0 <= self.superlink.loopback_port <= 65535:
-            raise bad("superlink.loopback_port", "a port in [0, 65535] (0: a free one)", self.superlink.loopback_port)
-        if not 0.0 <= self.privacy.beta <= 1.0:
-            raise bad("privacy.beta", "beta in [0, 1]", self.privacy.beta)
-        if self.privacy.dp:
-            self._validate_dp(bad)
+    def _check_training(self) -> None:
+        """Rounds and the local training's unit, length, batch and start mix."""
         if self.train.unit not in ("epoch", "step"):
-            raise bad("train.unit", "epoch or step", self.train.unit)
+            raise _bad("train.unit", "epoch or step", self.train.unit)
         if self.rounds < 1:
-            raise bad("rounds", ">= 1", self.rounds)
+            raise _bad("rounds", ">= 1", self.rounds)
         if self.train.local_iters < 1:
-            raise bad("train.local_iters", ">= 1", self.train.local_iters)
+            raise _bad("train.local_iters", ">= 1", self.train.local_iters)
         if self.train.batch_size < 2:
-            raise bad("train.batch_size", ">= 2 (BatchNorm in the head)", self.train.batch_size)
-        if self.eval.metric not in ("cosine", "euclidean"):
-            raise bad("eval.metric", "cosine or euclidean", self.eval.metric)
+            raise _bad("train.batch_size", ">= 2 (BatchNorm in the head)", self.train.batch_size)
         if not 0.0 <= self.train.start_mix < 1.0:
-            raise bad("train.start_mix", "a in [0, 1)", self.train.start_mix)
+            raise _bad("train.start_mix", "a in [0, 1)", self.train.start_mix)
+
+    def _check_sites(self) -> None:
+        """A non-empty list of distinct site names that are also safe file names."""
         if not self.sites:
-            raise bad("sites", "a non-empty list of site names", self.sites)
+            raise _bad("sites", "a non-empty list of site names", self.sites)
         for site in self.sites:
             if not isinstance(site, str) or not SITE_NAME.fullmatch(site):
-                raise bad("sites", "site names of letters, digits, '_', '-', '.' (at most 64, no path)", site)
+                raise _bad("sites", "site names of letters, digits, '_', '-', '.' (at most 64, no path)", site)
         if len(set(self.sites)) != len(self.sites):
-            raise bad("sites", "distinct site names", self.sites)
+            raise _bad("sites", "distinct site names", self.sites)
+
+    def _check_aggregation(self) -> None:
+        """Sampling, the aggregation rule, the update-norm bound and the weights' cap and registry."""
         st = self.strategy
         if st.sampling not in SAMPLINGS:
-            raise bad("strategy.sampling", f"one of {', '.join(SAMPLINGS)}", st.sampling)
+            raise _bad("strategy.sampling", f"one of {', '.join(SAMPLINGS)}", st.sampling)
         if st.aggregation not in ("mean", "trimmed_mean", "median"):
-            raise bad("strategy.aggregation", "one of mean, trimmed_mean, median", st.aggregation)
+            raise _bad("strategy.aggregation", "one of mean, trimmed_mean, median", st.aggregation)
         if not 0.0 <= st.trim_fraction < 0.5:
-            raise bad("strategy.trim_fraction", "a fraction in [0, 0.5)", st.trim_fraction)
+            raise _bad("strategy.trim_fraction", "a fraction in [0, 0.5)", st.trim_fraction)
         if not st.norm_bound >= 0:
-            raise bad(
+            raise _bad(
                 "strategy.norm_bound", "a multiple >= 0 of the round's median update norm (0 = off)", st.norm_bound
             )
         if st.norm_action not in ("clip", "reject"):
-            raise bad("strategy.norm_action", "clip or reject", st.norm_action)
+            raise _bad("strategy.norm_action", "clip or reject", st.norm_action)
         if not st.weight_cap >= 0:
-            raise bad("strategy.weight_cap", "a multiple >= 0 of the median weight (0 = no cap)", st.weight_cap)
+            raise _bad("strategy.weight_cap", "a multiple >= 0 of the median weight (0 = no cap)", st.weight_cap)
         if st.site_images:
             wrong = {s: n for s, n in st.site_images.items() if isinstance(n, bool) or not isinstance(n, int) or n < 1}
             if wrong or sorted(st.site_images) != sorted(self.sites):
-                raise bad(
+                raise _bad(
                     "strategy.site_images", f"a positive image count for each of the sites {self.sites}", st.site_images
                 )
+
+    def _check_site_counts(self) -> None:
+        """The sites needed before round 1 and the valid updates a round needs, within the run's sites."""
         if not 1 <= self.strategy.min_available_sites <= len(self.sites):
-            raise bad(
+            raise _bad(
                 "strategy.min_available_sites",
                 f"1..{len(self.sites)} (the number of sites)",
                 self.strategy.min_available_sites,
             )
         if not 1 <= self.strategy.min_fit_sites <= self.sites_per_round:
-            raise bad("strategy.min_fit_sites", f"1..ceil(S*N)={self.sites_per_round}", self.strategy.min_fit_sites)
+            raise _bad("strategy.min_fit_sites", f"1..ceil(S*N)={self.sites_per_round}", self.strategy.min_fit_sites)
 
     def resolved_run_dir(self) -> Path:
         return Path(self.run_dir).expanduser().resolve()
