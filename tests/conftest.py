@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from common.datasets.synthetic import write_market_layout
+from tests.fakes import FEDFR_PUBLIC, tiny_world
 
 
 @pytest.fixture(scope="session")
@@ -15,6 +16,12 @@ def tiny_site(tmp_path_factory):
     root = tmp_path_factory.mktemp("site_market1501")
     write_market_layout(root, num_train_ids=4, num_test_ids=2, images_per_id=4, height=32, width=16, seed=5)
     return root
+
+
+@pytest.fixture(scope="session")
+def face_world(tmp_path_factory) -> dict[str, Path]:
+    """A tiny FedFR world, read only: FEDFR_PUBLIC public identities and the sites face1, face2."""
+    return tiny_world(tmp_path_factory.mktemp("fedfr_world"), public=FEDFR_PUBLIC)
 
 
 E2E = Path(__file__).resolve().parent / "e2e"

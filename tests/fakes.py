@@ -188,10 +188,13 @@ def fit_config(cfg, rnd):
 FACE_SIZE = 16  # image size of the tiny world
 
 
+FEDFR_PUBLIC = 6  # public identities of tiny_world (the conftest's face_world)
+
+
 def tiny_world(
     root: Path,
     *,
-    public: int = 6,
+    public: int = FEDFR_PUBLIC,
     sites: tuple[str, ...] = ("face1", "face2"),
     ids_per_site: int = 3,
     train: int = 4,

@@ -23,6 +23,7 @@ from common.models.fedfr import expected_fedfr_manifest, fedfr_model
 from common.models.reid import build_model
 from common.params import set_shared
 from tests.fakes import (
+    FEDFR_PUBLIC,
     Unpacked,
     fedfr_arrays,
     fedfr_settings,
@@ -30,15 +31,7 @@ from tests.fakes import (
     global_arrays,
     tiny_config,
     tiny_fedfr_config,
-    tiny_world,
 )
-
-PUBLIC = 6
-
-
-@pytest.fixture(scope="module")
-def world(tmp_path_factory):
-    return tiny_world(tmp_path_factory.mktemp("fedfr_world"), public=PUBLIC)
 
 
 def reid_site(cfg, root, state_dir, *, hold):
@@ -46,12 +39,14 @@ def reid_site(cfg, root, state_dir, *, hold):
     return Unpacked(FedReIDClient(cfg, s))
 
 
-def fedfr_site(cfg, world, state_dir, *, hold):
-    return Unpacked(FedFRClient(cfg, dataclasses.replace(fedfr_settings(world, state_dir, "face1"), hold_state=hold)))
+def fedfr_site(cfg, face_world, state_dir, *, hold):
+    return Unpacked(
+        FedFRClient(cfg, dataclasses.replace(fedfr_settings(face_world, state_dir, "face1"), hold_state=hold))
+    )
 
 
 def fedfr_conf(cfg, rnd):
-    return {"server_round": rnd, "manifest_hash": expected_fedfr_manifest(cfg.fedfr, PUBLIC).hash}
+    return {"server_round": rnd, "manifest_hash": expected_fedfr_manifest(cfg.fedfr, FEDFR_PUBLIC).hash}
 
 
 class Failing:
@@ -157,9 +152,11 @@ def test_fedreid_failed_and_replayed_rounds_reload_the_held_modules_as_a_per_mes
         assert torch.equal(s["momentum_buffer"], fb.optimizer["state"][i]["momentum_buffer"]), i
 
 
-def test_fedfr_site_process_keeps_its_modules_on_its_device_and_copies_in_the_new_global(world, tmp_path, monkeypatch):
-    cfg = tiny_fedfr_config(world, tmp_path, t_hn=0.0)
-    man = expected_fedfr_manifest(cfg.fedfr, PUBLIC)
+def test_fedfr_site_process_keeps_its_modules_on_its_device_and_copies_in_the_new_global(
+    face_world, tmp_path, monkeypatch
+):
+    cfg = tiny_fedfr_config(face_world, tmp_path, t_hn=0.0)
+    man = expected_fedfr_manifest(cfg.fedfr, FEDFR_PUBLIC)
     seen, builds = [], []
     real_train, real_build = fc.train_local, fc.fedfr_model
 
@@ -176,9 +173,9 @@ def test_fedfr_site_process_keeps_its_modules_on_its_device_and_copies_in_the_ne
 
     monkeypatch.setattr(fc, "train_local", spy)
     monkeypatch.setattr(fc, "fedfr_model", lambda *a: builds.append(a) or real_build(*a))
-    site = fedfr_site(cfg, world, tmp_path, hold=True)
+    site = fedfr_site(cfg, face_world, tmp_path, hold=True)
     for rnd in (1, 2, 3):
-        site.fit(fedfr_arrays(cfg, PUBLIC, rnd), fedfr_conf(cfg, rnd))
+        site.fit(fedfr_arrays(cfg, FEDFR_PUBLIC, rnd), fedfr_conf(cfg, rnd))
     site.client.close()  # the last background write is done
     end2 = FEDFR_STATE.load(tmp_path / "face1", before_round=3)  # the state round 3 started from
     assert end2.last_round == 2
@@ -190,8 +187,8 @@ def test_fedfr_site_process_keeps_its_modules_on_its_device_and_copies_in_the_ne
     assert seen[2]["ptr"] == seen[0]["ptr"]
     for m in (m3, g3, p3):
         assert {p.device for p in m.parameters()} == {site.client.device}
-    want = fedfr_model(cfg.fedfr, PUBLIC, 0)
-    set_shared(want, man, fedfr_arrays(cfg, PUBLIC, 3))
+    want = fedfr_model(cfg.fedfr, FEDFR_PUBLIC, 0)
+    set_shared(want, man, fedfr_arrays(cfg, FEDFR_PUBLIC, 3))
     for k in man.keys:  # Theta_g^3 and Phi_g^3 from the server
         assert torch.equal(seen[2]["start"][k], want.state_dict()[k]), k
     for k, v in end2.items():
@@ -202,16 +199,16 @@ def test_fedfr_site_process_keeps_its_modules_on_its_device_and_copies_in_the_ne
 
 
 def test_fedfr_failed_and_replayed_rounds_reload_the_held_modules_as_a_per_message_site_would(
-    world, tmp_path, monkeypatch
+    face_world, tmp_path, monkeypatch
 ):
-    cfg = tiny_fedfr_config(world, tmp_path, t_hn=0.0, keep_optimizer_state=True)
+    cfg = tiny_fedfr_config(face_world, tmp_path, t_hn=0.0, keep_optimizer_state=True)
     failing = Failing(fc.train_local)
     monkeypatch.setattr(fc, "train_local", failing)
-    held = fedfr_site(cfg, world, tmp_path / "held", hold=True)
+    held = fedfr_site(cfg, face_world, tmp_path / "held", hold=True)
     for rnd, fails in ((1, False), (2, True), (3, False), (3, False)):
-        g = fedfr_arrays(cfg, PUBLIC, rnd)
+        g = fedfr_arrays(cfg, FEDFR_PUBLIC, rnd)
         failing.on = fails
-        sites = (fedfr_site(cfg, world, tmp_path / "fresh", hold=False), held)
+        sites = (fedfr_site(cfg, face_world, tmp_path / "fresh", hold=False), held)
         if fails:
             for s in sites:
                 with pytest.raises(RuntimeError, match="injected"):

@@ -14,28 +14,21 @@ from common.datasets.face_folder import FaceFolder, FaceSite
 from common.models.fedfr import expected_fedfr_manifest, fedfr_model
 from common.params import set_shared
 from server.site_metrics import FEDFR_SITE_METRICS
-from tests.fakes import Unpacked, fedfr_arrays, fedfr_settings, tiny_fedfr_config, tiny_world
-
-PUBLIC = 6
+from tests.fakes import FEDFR_PUBLIC, Unpacked, fedfr_arrays, fedfr_settings, tiny_fedfr_config
 
 
 def FedFRClient(cfg, s):
     return Unpacked(WireClient(cfg, s))
 
 
-@pytest.fixture(scope="module")
-def world(tmp_path_factory):
-    return tiny_world(tmp_path_factory.mktemp("fedfr_world"), public=PUBLIC)
-
-
 def conf(cfg, rnd):
-    return {"server_round": rnd, "manifest_hash": expected_fedfr_manifest(cfg.fedfr, PUBLIC).hash}
+    return {"server_round": rnd, "manifest_hash": expected_fedfr_manifest(cfg.fedfr, FEDFR_PUBLIC).hash}
 
 
 def brute_force_hard_negatives(cfg, arrays, public_root, site_root, threshold):
     """Public images with max cosine > threshold to a local image, features of the model ``arrays``."""
-    model = fedfr_model(cfg.fedfr, PUBLIC, 0)
-    set_shared(model, expected_fedfr_manifest(cfg.fedfr, PUBLIC), arrays)
+    model = fedfr_model(cfg.fedfr, FEDFR_PUBLIC, 0)
+    set_shared(model, expected_fedfr_manifest(cfg.fedfr, FEDFR_PUBLIC), arrays)
     from common.evaluation.features import embed
 
     kw = {"image_size": cfg.fedfr.image_size, "batch_size": 64, "device": torch.device("cpu"), "normalize": False}
@@ -47,10 +40,10 @@ def brute_force_hard_negatives(cfg, arrays, public_root, site_root, threshold):
     return np.flatnonzero(best > threshold), best
 
 
-def test_only_backbone_and_public_proxies_leave_the_site(world, tmp_path):
-    cfg = tiny_fedfr_config(world, tmp_path, t_hn=-1.0)  # every public image is a hard negative
-    c = FedFRClient(cfg, fedfr_settings(world, tmp_path, "face1"))
-    sent, n, metrics = c.fit(fedfr_arrays(cfg, PUBLIC, 0), conf(cfg, 1))
+def test_only_backbone_and_public_proxies_leave_the_site(face_world, tmp_path):
+    cfg = tiny_fedfr_config(face_world, tmp_path, t_hn=-1.0)  # every public image is a hard negative
+    c = FedFRClient(cfg, fedfr_settings(face_world, tmp_path, "face1"))
+    sent, n, metrics = c.fit(fedfr_arrays(cfg, FEDFR_PUBLIC, 0), conf(cfg, 1))
     man = c.manifest
     assert all(k.startswith("backbone.") or k == "public_proxies" for k in man.keys)
     assert [a.shape for a in sent] == [tuple(s) for s in man.shapes]
@@ -66,29 +59,29 @@ def test_only_backbone_and_public_proxies_leave_the_site(world, tmp_path):
             s.shape == v.numpy().ravel().shape and np.array_equal(s, v.numpy().ravel()) for s in sent_values
         ), k
     # the FedAvg weight is the site's own image count, not counting the public hard negatives
-    assert metrics["hard_negatives"] == PUBLIC * 6 > 0
-    assert n == metrics["own_images"] == len(FaceSite(world["face1"]).train) == 12
+    assert metrics["hard_negatives"] == FEDFR_PUBLIC * 6 > 0
+    assert n == metrics["own_images"] == len(FaceSite(face_world["face1"]).train) == 12
     # every key it reports is one the coordinator keeps (server/site_metrics.py)
     assert set(metrics) <= FEDFR_SITE_METRICS.numbers | set(FEDFR_SITE_METRICS.texts), sorted(metrics)
 
 
-def test_hard_negatives_are_reselected_each_round_with_the_current_global_model(world, tmp_path):
-    cfg = tiny_fedfr_config(world, tmp_path)
-    a, b = fedfr_arrays(cfg, PUBLIC, 1), fedfr_arrays(cfg, PUBLIC, 2)
+def test_hard_negatives_are_reselected_each_round_with_the_current_global_model(face_world, tmp_path):
+    cfg = tiny_fedfr_config(face_world, tmp_path)
+    a, b = fedfr_arrays(cfg, FEDFR_PUBLIC, 1), fedfr_arrays(cfg, FEDFR_PUBLIC, 2)
     # a threshold that keeps about half of the public images under model a
-    _, best_a = brute_force_hard_negatives(cfg, a, world["public"], world["face1"], -2.0)
+    _, best_a = brute_force_hard_negatives(cfg, a, face_world["public"], face_world["face1"], -2.0)
     t = float(np.median(best_a))
-    cfg = tiny_fedfr_config(world, tmp_path, t_hn=t)
-    c = FedFRClient(cfg, fedfr_settings(world, tmp_path, "face1"))
+    cfg = tiny_fedfr_config(face_world, tmp_path, t_hn=t)
+    c = FedFRClient(cfg, fedfr_settings(face_world, tmp_path, "face1"))
     c.fit(a, conf(cfg, 1))
     round1 = FEDFR_STATE.load(tmp_path / "face1").hard_negatives
     c.fit(b, conf(cfg, 2))
     round2 = FEDFR_STATE.load(tmp_path / "face1").hard_negatives
-    expected1, _ = brute_force_hard_negatives(cfg, a, world["public"], world["face1"], t)
-    expected2, _ = brute_force_hard_negatives(cfg, b, world["public"], world["face1"], t)
+    expected1, _ = brute_force_hard_negatives(cfg, a, face_world["public"], face_world["face1"], t)
+    expected2, _ = brute_force_hard_negatives(cfg, b, face_world["public"], face_world["face1"], t)
     np.testing.assert_array_equal(round1, expected1)
     np.testing.assert_array_equal(round2, expected2)  # with round 2's global model, not round 1's
-    assert 0 < len(round1) < PUBLIC * 6 and set(round1) != set(round2)
+    assert 0 < len(round1) < FEDFR_PUBLIC * 6 and set(round1) != set(round2)
 
 
 def capture_training(monkeypatch):
@@ -111,16 +104,16 @@ def capture_training(monkeypatch):
 
 
 def backbone_of(cfg, arrays):
-    model = fedfr_model(cfg.fedfr, PUBLIC, 0)
-    set_shared(model, expected_fedfr_manifest(cfg.fedfr, PUBLIC), arrays)
+    model = fedfr_model(cfg.fedfr, FEDFR_PUBLIC, 0)
+    set_shared(model, expected_fedfr_manifest(cfg.fedfr, FEDFR_PUBLIC), arrays)
     return model.backbone.state_dict()
 
 
-def test_contrastive_previous_model_is_the_global_model_in_round_one(world, tmp_path, monkeypatch):
-    cfg = tiny_fedfr_config(world, tmp_path, t_hn=0.9)
+def test_contrastive_previous_model_is_the_global_model_in_round_one(face_world, tmp_path, monkeypatch):
+    cfg = tiny_fedfr_config(face_world, tmp_path, t_hn=0.9)
     seen = capture_training(monkeypatch)
-    c = FedFRClient(cfg, fedfr_settings(world, tmp_path, "face1"))
-    g1, g2 = fedfr_arrays(cfg, PUBLIC, 1), fedfr_arrays(cfg, PUBLIC, 2)
+    c = FedFRClient(cfg, fedfr_settings(face_world, tmp_path, "face1"))
+    g1, g2 = fedfr_arrays(cfg, FEDFR_PUBLIC, 1), fedfr_arrays(cfg, FEDFR_PUBLIC, 2)
     sent1, _, m1 = c.fit(g1, conf(cfg, 1))
     expected = backbone_of(cfg, g1)
     for k, v in expected.items():  # round 1: previous = global = what the server sent (not untrained)
@@ -135,13 +128,17 @@ def test_contrastive_previous_model_is_the_global_model_in_round_one(world, tmp_
         torch.testing.assert_close(seen[1]["global"][k], backbone_of(cfg, g2)[k], rtol=0, atol=0)
 
 
-def test_private_modules_persist_across_a_new_client_object(world, tmp_path, monkeypatch):
-    cfg = tiny_fedfr_config(world, tmp_path, t_hn=0.9)
+def test_private_modules_persist_across_a_new_client_object(face_world, tmp_path, monkeypatch):
+    cfg = tiny_fedfr_config(face_world, tmp_path, t_hn=0.9)
     seen = capture_training(monkeypatch)
-    FedFRClient(cfg, fedfr_settings(world, tmp_path, "face2")).fit(fedfr_arrays(cfg, PUBLIC, 1), conf(cfg, 1))
+    FedFRClient(cfg, fedfr_settings(face_world, tmp_path, "face2")).fit(
+        fedfr_arrays(cfg, FEDFR_PUBLIC, 1), conf(cfg, 1)
+    )
     saved = FEDFR_STATE.load(tmp_path / "face2")
     # a restart: a new process builds a new client object on the same state folder
-    FedFRClient(cfg, fedfr_settings(world, tmp_path, "face2")).fit(fedfr_arrays(cfg, PUBLIC, 2), conf(cfg, 2))
+    FedFRClient(cfg, fedfr_settings(face_world, tmp_path, "face2")).fit(
+        fedfr_arrays(cfg, FEDFR_PUBLIC, 2), conf(cfg, 2)
+    )
     torch.testing.assert_close(seen[1]["local_proxies"], saved.model["local_proxies"], rtol=0, atol=0)
     for k, v in seen[1]["dfc"].items():
         torch.testing.assert_close(v, saved.model[f"dfc.{k}"], rtol=0, atol=0)
@@ -153,22 +150,22 @@ def test_private_modules_persist_across_a_new_client_object(world, tmp_path, mon
     torch.testing.assert_close(norms, torch.ones_like(norms))
 
 
-def test_mismatched_model_or_public_data_is_refused(world, tmp_path):
-    cfg = tiny_fedfr_config(world, tmp_path)
-    c = FedFRClient(cfg, fedfr_settings(world, tmp_path, "face1"))
+def test_mismatched_model_or_public_data_is_refused(face_world, tmp_path):
+    cfg = tiny_fedfr_config(face_world, tmp_path)
+    c = FedFRClient(cfg, fedfr_settings(face_world, tmp_path, "face1"))
     with pytest.raises(ValueError, match="manifest"):
-        c.fit(fedfr_arrays(cfg, PUBLIC, 0), {"server_round": 1, "manifest_hash": "other"})
+        c.fit(fedfr_arrays(cfg, FEDFR_PUBLIC, 0), {"server_round": 1, "manifest_hash": "other"})
     with pytest.raises(ValueError, match="public identities"):
-        c.fit(fedfr_arrays(cfg, PUBLIC, 0), {**conf(cfg, 1), "public_hash": "0" * 16})
+        c.fit(fedfr_arrays(cfg, FEDFR_PUBLIC, 0), {**conf(cfg, 1), "public_hash": "0" * 16})
 
 
-def test_a_round_replayed_after_a_coordinator_resume_starts_from_the_state_before_it(world, tmp_path):
+def test_a_round_replayed_after_a_coordinator_resume_starts_from_the_state_before_it(face_world, tmp_path):
     """The coordinator died after the site trained round 2 and resumed after round 1: round 2 is
     asked again and must start from the round-1 state (the previous file), giving the same update."""
-    cfg = tiny_fedfr_config(world, tmp_path)
-    c = FedFRClient(cfg, fedfr_settings(world, tmp_path, "face1"))
-    c.fit(fedfr_arrays(cfg, PUBLIC, 1), conf(cfg, 1))
-    g2 = fedfr_arrays(cfg, PUBLIC, 2)
+    cfg = tiny_fedfr_config(face_world, tmp_path)
+    c = FedFRClient(cfg, fedfr_settings(face_world, tmp_path, "face1"))
+    c.fit(fedfr_arrays(cfg, FEDFR_PUBLIC, 1), conf(cfg, 1))
+    g2 = fedfr_arrays(cfg, FEDFR_PUBLIC, 2)
     first, _, _ = c.fit(g2, conf(cfg, 2))
     assert FEDFR_STATE.load(tmp_path / "face1").last_round == 2
     assert FEDFR_STATE.load(tmp_path / "face1", before_round=2).last_round == 1  # kept for a replay
@@ -188,14 +185,14 @@ def test_round_learning_rate_steps_at_the_milestones():
     assert round_learning_rate(0.001, [], 0.1, 30) == 0.001  # the paper: constant
 
 
-def test_each_round_trains_at_its_scheduled_lr_after_the_optimizer_state_is_restored(world, tmp_path):
+def test_each_round_trains_at_its_scheduled_lr_after_the_optimizer_state_is_restored(face_world, tmp_path):
     cfg = tiny_fedfr_config(
-        world, tmp_path, t_hn=0.9, lr=0.05, lr_milestones=[2], lr_gamma=0.1, keep_optimizer_state=True
+        face_world, tmp_path, t_hn=0.9, lr=0.05, lr_milestones=[2], lr_gamma=0.1, keep_optimizer_state=True
     )
-    c = FedFRClient(cfg, fedfr_settings(world, tmp_path, "face1"))
-    _, _, m1 = c.fit(fedfr_arrays(cfg, PUBLIC, 1), conf(cfg, 1))
+    c = FedFRClient(cfg, fedfr_settings(face_world, tmp_path, "face1"))
+    _, _, m1 = c.fit(fedfr_arrays(cfg, FEDFR_PUBLIC, 1), conf(cfg, 1))
     saved1 = FEDFR_STATE.load(tmp_path / "face1").optimizer
-    _, _, m2 = c.fit(fedfr_arrays(cfg, PUBLIC, 2), conf(cfg, 2))
+    _, _, m2 = c.fit(fedfr_arrays(cfg, FEDFR_PUBLIC, 2), conf(cfg, 2))
     saved2 = FEDFR_STATE.load(tmp_path / "face1").optimizer
     # round 2 restored round 1's optimizer (lr 0.05 in it) and must still train at 0.05 * 0.1
     assert [g["lr"] for g in saved1["param_groups"]] == [pytest.approx(0.05)]
@@ -203,33 +200,33 @@ def test_each_round_trains_at_its_scheduled_lr_after_the_optimizer_state_is_rest
     assert (m1["lr"], m2["lr"]) == (pytest.approx(0.05), pytest.approx(0.005))
 
 
-def test_public_negatives_all_takes_every_public_image_without_selection(world, tmp_path):
+def test_public_negatives_all_takes_every_public_image_without_selection(face_world, tmp_path):
     # t_HN = 2 selects nothing (cosines are <= 1); "all" (Table 1's "+ public data" row) ignores it
-    cfg = tiny_fedfr_config(world, tmp_path, t_hn=1.0)
+    cfg = tiny_fedfr_config(face_world, tmp_path, t_hn=1.0)
     cfg.fedfr.public_negatives = "all"
-    c = FedFRClient(cfg, fedfr_settings(world, tmp_path, "face1"))
-    _, _, metrics = c.fit(fedfr_arrays(cfg, PUBLIC, 0), conf(cfg, 1))
-    assert metrics["hard_negatives"] == len(FaceFolder(world["public"]).records) == PUBLIC * 6
+    c = FedFRClient(cfg, fedfr_settings(face_world, tmp_path, "face1"))
+    _, _, metrics = c.fit(fedfr_arrays(cfg, FEDFR_PUBLIC, 0), conf(cfg, 1))
+    assert metrics["hard_negatives"] == len(FaceFolder(face_world["public"]).records) == FEDFR_PUBLIC * 6
     cfg.fedfr.public_negatives = "hard"
-    c = FedFRClient(cfg, fedfr_settings(world, tmp_path / "b", "face1"))
-    _, _, metrics = c.fit(fedfr_arrays(cfg, PUBLIC, 0), conf(cfg, 1))
+    c = FedFRClient(cfg, fedfr_settings(face_world, tmp_path / "b", "face1"))
+    _, _, metrics = c.fit(fedfr_arrays(cfg, FEDFR_PUBLIC, 0), conf(cfg, 1))
     assert metrics["hard_negatives"] == 0
     cfg.fedfr.public_negatives = "some"
     with pytest.raises(ValueError, match="fedfr.public_negatives: expected one of hard, all, found 'some'"):
         cfg.fedfr.validate()
 
 
-def test_fedfr_site_process_in_memory_state_gives_the_same_rounds_as_per_message_clientapps(world, tmp_path):
+def test_fedfr_site_process_in_memory_state_gives_the_same_rounds_as_per_message_clientapps(face_world, tmp_path):
     """One long-lived FedFR site (W_l, Pi, Omega, b and the momentum held in memory) and a new site
     object per round (everything from the state file) send the same updates, bit for bit."""
     import dataclasses
 
     fresh_dir, held_dir = tmp_path / "fresh", tmp_path / "held"
-    cfg = tiny_fedfr_config(world, fresh_dir, t_hn=0.0, keep_optimizer_state=True)
-    held = FedFRClient(cfg, dataclasses.replace(fedfr_settings(world, held_dir, "face1"), hold_state=True))
+    cfg = tiny_fedfr_config(face_world, fresh_dir, t_hn=0.0, keep_optimizer_state=True)
+    held = FedFRClient(cfg, dataclasses.replace(fedfr_settings(face_world, held_dir, "face1"), hold_state=True))
     for rnd in (1, 2, 3):
-        g = fedfr_arrays(cfg, PUBLIC, rnd)
-        a, n1, m1 = FedFRClient(cfg, fedfr_settings(world, fresh_dir, "face1")).fit(g, conf(cfg, rnd))
+        g = fedfr_arrays(cfg, FEDFR_PUBLIC, rnd)
+        a, n1, m1 = FedFRClient(cfg, fedfr_settings(face_world, fresh_dir, "face1")).fit(g, conf(cfg, rnd))
         b, n2, m2 = held.fit(g, conf(cfg, rnd))
         assert n1 == n2 and m1["hard_negatives"] == m2["hard_negatives"], rnd
         for x, y in zip(a, b):

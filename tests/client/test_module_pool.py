@@ -5,7 +5,6 @@ loss and state file are bit for bit those of rounds that build every module anew
 import threading
 
 import numpy as np
-import pytest
 import torch
 from torch import nn
 
@@ -20,6 +19,7 @@ from client.site_settings import SiteSettings
 from common.models.builder import expected_manifest
 from common.models.fedfr import expected_fedfr_manifest
 from tests.fakes import (
+    FEDFR_PUBLIC,
     Unpacked,
     fedfr_arrays,
     fedfr_settings,
@@ -27,10 +27,7 @@ from tests.fakes import (
     global_arrays,
     tiny_config,
     tiny_fedfr_config,
-    tiny_world,
 )
-
-PUBLIC = 6
 
 
 def small() -> nn.Module:
@@ -141,13 +138,10 @@ def test_fedreid_sites_sharing_a_process_train_exactly_as_with_new_modules(tiny_
     POOL.clear()
 
 
-@pytest.fixture(scope="module")
-def world(tmp_path_factory):
-    return tiny_world(tmp_path_factory.mktemp("fedfr_pool_world"), public=PUBLIC)
-
-
-def test_fedfr_site_reuses_its_backbone_copies_with_their_modes_as_deepcopy_gives_them(world, tmp_path, monkeypatch):
-    cfg = tiny_fedfr_config(world, tmp_path, t_hn=0.0)
+def test_fedfr_site_reuses_its_backbone_copies_with_their_modes_as_deepcopy_gives_them(
+    face_world, tmp_path, monkeypatch
+):
+    cfg = tiny_fedfr_config(face_world, tmp_path, t_hn=0.0)
     seen = []
     real_train = fc.train_local
 
@@ -162,17 +156,19 @@ def test_fedfr_site_reuses_its_backbone_copies_with_their_modes_as_deepcopy_give
         return real_train(model, global_backbone, prev_backbone, *a, **kw)
 
     monkeypatch.setattr(fc, "train_local", spy)
-    hash_ = expected_fedfr_manifest(cfg.fedfr, PUBLIC).hash
+    hash_ = expected_fedfr_manifest(cfg.fedfr, FEDFR_PUBLIC).hash
     runs = {}
     for mode in ("pooled", "new"):
         POOL.clear()
         seen.clear()
-        site = Unpacked(FedFRClient(cfg, fedfr_settings(world, tmp_path / mode, "face1")))
+        site = Unpacked(FedFRClient(cfg, fedfr_settings(face_world, tmp_path / mode, "face1")))
         out = []
         for rnd in (1, 2, 3):
             if mode == "new":
                 POOL.clear()
-            arrays, n, metrics = site.fit(fedfr_arrays(cfg, PUBLIC, rnd), {"server_round": rnd, "manifest_hash": hash_})
+            arrays, n, metrics = site.fit(
+                fedfr_arrays(cfg, FEDFR_PUBLIC, rnd), {"server_round": rnd, "manifest_hash": hash_}
+            )
             out.append((arrays, metrics["loss"]))
         runs[mode] = (out, list(seen))
     (pooled, seen_pooled), (new, seen_new) = runs["pooled"], runs["new"]

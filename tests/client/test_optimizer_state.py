@@ -15,6 +15,7 @@ from client.fedreid.state import FEDREID_STATE
 from common.models.builder import expected_manifest
 from common.models.fedfr import expected_fedfr_manifest
 from tests.fakes import (
+    FEDFR_PUBLIC,
     Unpacked,
     fedfr_arrays,
     fedfr_settings,
@@ -23,10 +24,7 @@ from tests.fakes import (
     make_client,
     tiny_config,
     tiny_fedfr_config,
-    tiny_world,
 )
-
-PUBLIC = 6
 
 
 def _spy(monkeypatch, module, name: str, seen: list) -> None:
@@ -68,22 +66,17 @@ def test_fedreid_site_momentum_per_round(tiny_site, tmp_path, monkeypatch, keep)
             torch.testing.assert_close(got, want, rtol=0, atol=0)  # last round's momentum, restored
 
 
-@pytest.fixture(scope="module")
-def world(tmp_path_factory):
-    return tiny_world(tmp_path_factory.mktemp("fedfr_world_opt"), public=PUBLIC)
-
-
 @pytest.mark.parametrize("keep", [False, True])
-def test_fedfr_site_momentum_per_round(world, tmp_path, monkeypatch, keep):
-    cfg = tiny_fedfr_config(world, tmp_path, t_hn=0.9, keep_optimizer_state=keep)
-    assert tiny_fedfr_config(world, tmp_path).fedfr.keep_optimizer_state is False  # the default
+def test_fedfr_site_momentum_per_round(face_world, tmp_path, monkeypatch, keep):
+    cfg = tiny_fedfr_config(face_world, tmp_path, t_hn=0.9, keep_optimizer_state=keep)
+    assert tiny_fedfr_config(face_world, tmp_path).fedfr.keep_optimizer_state is False  # the default
     seen: list = []
     _spy(monkeypatch, fc, "train_local", seen)
-    c = Unpacked(FedFRClient(cfg, fedfr_settings(world, tmp_path, "face1")))
-    h = expected_fedfr_manifest(cfg.fedfr, PUBLIC).hash
-    c.fit(fedfr_arrays(cfg, PUBLIC, 1), {"server_round": 1, "manifest_hash": h})
+    c = Unpacked(FedFRClient(cfg, fedfr_settings(face_world, tmp_path, "face1")))
+    h = expected_fedfr_manifest(cfg.fedfr, FEDFR_PUBLIC).hash
+    c.fit(fedfr_arrays(cfg, FEDFR_PUBLIC, 1), {"server_round": 1, "manifest_hash": h})
     saved = FEDFR_STATE.load(tmp_path / "face1").optimizer
-    c.fit(fedfr_arrays(cfg, PUBLIC, 2), {"server_round": 2, "manifest_hash": h})
+    c.fit(fedfr_arrays(cfg, FEDFR_PUBLIC, 2), {"server_round": 2, "manifest_hash": h})
     assert seen[0] == {}
     if not keep:
         assert saved is None and seen[1] == {}

@@ -14,6 +14,7 @@ from client.round_loader import RoundLoader
 from client.site_settings import SiteSettings
 from common.models.fedfr import expected_fedfr_manifest
 from tests.fakes import (
+    FEDFR_PUBLIC,
     Unpacked,
     fedfr_arrays,
     fedfr_settings,
@@ -21,10 +22,7 @@ from tests.fakes import (
     global_arrays,
     tiny_config,
     tiny_fedfr_config,
-    tiny_world,
 )
-
-PUBLIC = 6
 
 
 class Noisy(Dataset):
@@ -104,21 +102,20 @@ def test_fedreid_site_trains_the_same_with_persistent_workers_and_without_a_site
     held.client.close()
 
 
-def test_fedfr_site_trains_the_same_with_persistent_workers_and_without_a_site_process(tmp_path_factory, tmp_path):
-    world = tiny_world(tmp_path_factory.mktemp("fedfr_world"), public=PUBLIC)
-    cfg = tiny_fedfr_config(world, tmp_path, t_hn=0.8, keep_optimizer_state=True)
-    with_workers = tiny_fedfr_config(world, tmp_path, t_hn=0.8, keep_optimizer_state=True)
+def test_fedfr_site_trains_the_same_with_persistent_workers_and_without_a_site_process(face_world, tmp_path):
+    cfg = tiny_fedfr_config(face_world, tmp_path, t_hn=0.8, keep_optimizer_state=True)
+    with_workers = tiny_fedfr_config(face_world, tmp_path, t_hn=0.8, keep_optimizer_state=True)
     with_workers.train.num_workers = 2
     held = Unpacked(
         FedFRClient(
-            with_workers, dataclasses.replace(fedfr_settings(world, tmp_path / "held", "face1"), hold_state=True)
+            with_workers, dataclasses.replace(fedfr_settings(face_world, tmp_path / "held", "face1"), hold_state=True)
         )
     )
-    conf = {"manifest_hash": expected_fedfr_manifest(cfg.fedfr, PUBLIC).hash}
+    conf = {"manifest_hash": expected_fedfr_manifest(cfg.fedfr, FEDFR_PUBLIC).hash}
     hard = []
     for rnd in (1, 2):
-        g = fedfr_arrays(cfg, PUBLIC, rnd)
-        a, _, ma = Unpacked(FedFRClient(cfg, fedfr_settings(world, tmp_path / "plain", "face1"))).fit(
+        g = fedfr_arrays(cfg, FEDFR_PUBLIC, rnd)
+        a, _, ma = Unpacked(FedFRClient(cfg, fedfr_settings(face_world, tmp_path / "plain", "face1"))).fit(
             g, {**conf, "server_round": rnd}
         )
         b, _, mb = held.fit(g, {**conf, "server_round": rnd})
@@ -127,5 +124,5 @@ def test_fedfr_site_trains_the_same_with_persistent_workers_and_without_a_site_p
         for x, y in zip(a, b):
             np.testing.assert_array_equal(x, y, err_msg=f"round {rnd}")
     # each round trained on its own subset of the public images (chosen by index from one dataset)
-    assert 0 < hard[0] != hard[1] < PUBLIC * 6
+    assert 0 < hard[0] != hard[1] < FEDFR_PUBLIC * 6
     held.client.close()

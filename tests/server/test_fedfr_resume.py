@@ -10,23 +10,16 @@ from server.checkpoint import CHECKPOINT, ServerCheckpoint, save_server_checkpoi
 from server.fedfr.components import build_components
 from server.fedfr.pretrain import pretrain_main
 from server.resume import resume_config
-from tests.fakes import fedfr_arrays, tiny_fedfr_config, tiny_world, unpacked
-
-PUBLIC = 6
+from tests.fakes import FEDFR_PUBLIC, fedfr_arrays, tiny_fedfr_config, unpacked
 
 
-@pytest.fixture(scope="module")
-def world(tmp_path_factory):
-    return tiny_world(tmp_path_factory.mktemp("fedfr_world"), public=PUBLIC)
-
-
-def test_a_fedfr_run_resumes_after_its_checkpointed_round(world, tmp_path):
-    cfg = tiny_fedfr_config(world, tmp_path / "state")
+def test_a_fedfr_run_resumes_after_its_checkpointed_round(face_world, tmp_path):
+    cfg = tiny_fedfr_config(face_world, tmp_path / "state")
     cfg.rounds, cfg.run_dir, cfg.seed = 5, str(tmp_path / "run"), 3
     assert pretrain_main(cfg) == 0  # Theta_g^0 and Phi_g in run_dir/pretrained.pt
     (tmp_path / "run" / "config.json").write_text(json.dumps(cfg.to_dict()))
-    man = expected_fedfr_manifest(cfg.fedfr, PUBLIC)
-    after_round_2 = fedfr_arrays(cfg, PUBLIC, 11)  # "the global model after round 2"
+    man = expected_fedfr_manifest(cfg.fedfr, FEDFR_PUBLIC)
+    after_round_2 = fedfr_arrays(cfg, FEDFR_PUBLIC, 11)  # "the global model after round 2"
     rows = [{"round": r, "ijbc/R1": 0.1 * r} for r in range(3)]
     save_server_checkpoint(
         tmp_path / "run" / CHECKPOINT,
@@ -53,8 +46,8 @@ def test_a_fedfr_run_resumes_after_its_checkpointed_round(world, tmp_path):
     assert json.loads((tmp_path / "run" / "status.json").read_text())["resumed_after"] == 2
 
 
-def test_a_fedfr_pretraining_is_not_resumable(world, tmp_path):
-    cfg = tiny_fedfr_config(world, tmp_path / "state", stage="pretrain")
+def test_a_fedfr_pretraining_is_not_resumable(face_world, tmp_path):
+    cfg = tiny_fedfr_config(face_world, tmp_path / "state", stage="pretrain")
     cfg.run_dir = str(tmp_path)
     (tmp_path / "config.json").write_text(json.dumps(cfg.to_dict()))
     with pytest.raises(ValueError, match="pre-training"):
