@@ -32,6 +32,7 @@ from common.instruction_signature import (
 )
 from common.writable import NotWritableError, check_writable
 from server import admin
+from server.data_check import check_data_folders
 from server.front import FrontError, plan_front, start_front
 from server.nginx_config import FrontSpec
 from server.resume import announce_resume, resume_config, retire_previous_run
@@ -220,13 +221,7 @@ def run_config_file(run_dir: Path, cfg: ExperimentConfig) -> Path:
 
 def check_targets(cfg: ExperimentConfig) -> None:
     """Fail before any process starts when an evaluation target's folder is wrong."""
-    from common.datasets import build_reader
-
-    for name, t in cfg.eval.targets.items():
-        try:
-            build_reader(t.reader, t.root)
-        except (OSError, ValueError) as e:
-            raise SystemExit(f"fedserver: evaluation target {name!r}: {e}") from None
+    check_data_folders("evaluation target", {name: (t.reader, t.root) for name, t in cfg.eval.targets.items()})
 
 
 def _exit_on_signal(signum: int, frame) -> None:

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from common.config.compose import compose_experiment
 from common.datasets import build_reader
+from server.demo_options import add_federation_options, parse_demo_args
 from server.fedfr.demo import main as fedfr_main
 from server.fedreid.demo import DEFAULT_SITES, summarize, target_domains, write_data
 from server.launch import (
@@ -34,8 +35,6 @@ from server.launch import (
     loopback_address,
     run_federation,
     simulation_overrides,
-    site_list,
-    split_overrides,
 )
 from server.sim_worlds import POOLED, WORLDS, pool_sites, write_class_data
 
@@ -57,18 +56,7 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument(
         "--out", default="runs/demo", help="run folder: data/, state/, logs and outputs (default %(default)s)"
     )
-    p.add_argument(
-        "--sites",
-        nargs="+",
-        default=DEFAULT_SITES,
-        help="site names (conf/site/*.yaml), or a number N of virtual sites (--engine simulation)",
-    )
-    p.add_argument(
-        "--engine",
-        choices=("deployment", "simulation"),
-        default="deployment",
-        help="Flower runtime: deployment (a process per site, default) or simulation (Ray workers)",
-    )
+    add_federation_options(p, DEFAULT_SITES)
     p.add_argument("--train-ids", type=int, default=40, help="identities per site")
     p.add_argument("--images-per-id", type=int, default=8)
     p.add_argument("--target-ids", type=int, default=30, help="test identities per unseen domain")
@@ -84,7 +72,6 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
         help="market: every site in the Market-1501 layout (default); real: dukemtmc, cuhk03 and msmt17 "
         "in their own dataset layouts",
     )
-    p.add_argument("--port", type=int, default=0, help="SuperLink port (default: a free one)")
     p.add_argument("--timeout", type=float, default=1800, help="seconds before everything is stopped")
     p.add_argument(
         "--no-site-process",
@@ -122,13 +109,7 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
         action="store_true",
         help="the centralised bound: one virtual site 'pooled' with every site's images (--engine simulation)",
     )
-    options, overrides = split_overrides(list(argv if argv is not None else sys.argv[1:]))
-    a, rest = p.parse_known_args(options)
-    overrides = rest + overrides  # anything argparse does not know goes to Hydra, which names it
-    a.sites = site_list(a.sites, a.engine)
-    if a.pool_sites and a.engine != "simulation":
-        raise SystemExit("--pool-sites: the pooled site runs as a virtual site; add --engine simulation")
-    return a, overrides
+    return parse_demo_args(p, argv)
 
 
 def write_world(a: argparse.Namespace, data_dir: Path) -> tuple[dict, dict, list[str]]:

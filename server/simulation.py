@@ -28,10 +28,11 @@ from common.array_exchange import exchange_folders
 from common.config.engine import VirtualSiteConfig
 from common.config.experiment import ExperimentConfig
 from common.config.site import default_state_dir, load_site
+from server.data_check import check_data_folders
 
 # engine.reuse_memory: glibc's malloc serves model-sized buffers from its heap and keeps what is freed
-# (no mmap per allocation, no trimming below 2 GiB), so that copying a 45 MB message does not fault
-# 11,000 fresh pages in each time
+# (no mmap per allocation, no trimming below 2 GiB), so that copying a model-sized message does not
+# fault fresh pages in each time
 REUSE_MEMORY_ENV = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(2 << 30)}
 
 
@@ -165,13 +166,8 @@ def fill_virtual_sites(cfg: ExperimentConfig) -> dict[str, VirtualSiteConfig]:
 
 def check_site_data(cfg: ExperimentConfig) -> None:
     """Fail before Ray starts when a virtual site's data folder is wrong (as fedclient does)."""
-    from common.datasets import build_reader
-
-    for site, vs in cfg.engine.sites.items():
-        try:
-            build_reader(vs.reader, vs.data_root)
-        except (OSError, ValueError) as e:
-            raise SystemExit(f"fedserver: virtual site {site!r}: {e}") from None
+    check_data_folders("virtual site", {site: (vs.reader, vs.data_root) for site, vs in cfg.engine.sites.items()})
+    for vs in cfg.engine.sites.values():
         Path(vs.state_dir).mkdir(parents=True, exist_ok=True)
 
 

@@ -32,6 +32,7 @@ from common.datasets import face_split, synthetic_faces
 from common.datasets.face_split import plan_split, read_identities, write_split
 from common.datasets.fingerprint import MARKER, data_fingerprint, is_current, mark_complete
 from common.datasets.synthetic_faces import write_identity_folders, write_ijbc_layout
+from server.demo_options import add_federation_options, parse_demo_args
 from server.fedfr.pretrain import pretrained_path
 from server.fedfr.pretrain_cache import pretrain_key
 from server.launch import (
@@ -40,8 +41,6 @@ from server.launch import (
     loopback_address,
     run_federation,
     simulation_overrides,
-    site_list,
-    split_overrides,
 )
 
 # The IJB-C-style set is written as aligned 112x112 crops without landmarks (what the evaluation
@@ -122,18 +121,7 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
         prog="python -m server.fedfr.demo", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument("--out", default="runs/fedfr-demo", help="run folder (data/, state/, logs, outputs)")
-    p.add_argument(
-        "--sites",
-        nargs="+",
-        default=["face1", "face2", "face3", "face4"],
-        help="site names (conf/site/*.yaml), or a number N of virtual sites (--engine simulation)",
-    )
-    p.add_argument(
-        "--engine",
-        choices=("deployment", "simulation"),
-        default="deployment",
-        help="Flower runtime of the federated rounds: deployment (a process per site) or simulation (Ray)",
-    )
+    add_federation_options(p, ["face1", "face2", "face3", "face4"])
     p.add_argument("--public-ids", type=int, default=100, help="K_g public identities")
     p.add_argument("--public-images", type=int, default=20, help="images per public identity")
     p.add_argument("--ids-per-site", type=int, default=15, help="K_l identities per site")
@@ -142,7 +130,6 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--ijbc-subjects", type=int, default=30, help="subjects of the IJB-C-style set")
     p.add_argument("--size", type=int, default=32, help="image size (must match fedfr.image_size)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--port", type=int, default=0, help="SuperLink port (default: a free one)")
     p.add_argument("--timeout", type=float, default=1200, help="seconds before everything is stopped")
     p.add_argument("--data-dir", default=None, help="where the faces are written once and reused (default OUT/data)")
     p.add_argument(
@@ -157,13 +144,7 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
         help="the centralised bound: one virtual site 'pooled' with every site's images, the same rounds and "
         "epochs (--engine simulation)",
     )
-    options, overrides = split_overrides(list(argv if argv is not None else sys.argv[1:]))
-    a, rest = p.parse_known_args(options)
-    overrides = rest + overrides  # anything argparse does not know goes to Hydra, which names it
-    a.sites = site_list(a.sites, a.engine, prefix="face")
-    if a.pool_sites and a.engine != "simulation":
-        raise SystemExit("--pool-sites: the pooled site runs as a virtual site; add --engine simulation")
-    return a, overrides
+    return parse_demo_args(p, argv, site_prefix="face")
 
 
 def run_overrides(
