@@ -1,7 +1,7 @@
 """Benchmark: exact TAR@FAR on 10^8 impostor scores, and hard-negative selection throughput.
 
-Prints one JSON object to stdout. Run from the repository root: ``python -m benchmarks.verification`` (about 1-3 minutes on
-2 cores; ``--side 3000`` for a quick run).
+Prints one JSON object to stdout. Run from the repository root: ``python -m benchmarks.verification``
+(``--side 3000`` for a quick run).
 
 Scores are cosines of seeded random L2-normalised 512-d features: ``side x side`` impostor pairs
 (10^4 x 10^4 = 10^8) and 10^5 genuine pairs (a feature and a noisy copy of it). Reported:

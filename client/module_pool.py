@@ -3,7 +3,7 @@
 A Ray worker of the simulation engine trains a round of one virtual site, then of another
 (``client/virtual_site.py``): each round builds its model (and expert, and FedFR's backbone copies)
 and then overwrites every tensor with the site's state (``common/models/from_state.py``). Building
-a ResNet-18's Python modules alone costs about 30 ms, per module and round. A round that ends
+a model's Python modules is a cost paid again per module and round. A round that ends
 gives its modules back here (``client/device_modules.py``); the next round that needs a module of
 the same build (key: the run's config, the head's size, the name and the device) takes it and
 loads its state into it: every parameter and buffer is overwritten (strictly: a module is pooled

@@ -3,8 +3,8 @@
 Flower's ``NumPyClient.to_client()`` serialises every array of a reply with ``np.save`` into a
 ``BytesIO`` (``flwr.common.ndarray_to_bytes``) and reads the instructions' arrays with ``np.load``:
 for the one packed array of a model (``common/params.py``) that is several copies of the whole
-model per message (buffered chunks, the growing ``BytesIO``, ``getvalue``), about 150 ms for the
-45 MB of a ResNet-18 on a 2-core machine, for every reply of every site. :func:`npy_bytes` and
+model per message (buffered chunks, the growing ``BytesIO``, ``getvalue``), for every reply of
+every site. :func:`npy_bytes` and
 :func:`npy_array` give the same bytes and the same arrays with one copy (numpy's own ``.npy``
 header joined with the array's bytes; numpy's header parser, then one copy of the data).
 :class:`WireClient` is Flower's ``NumPyClient`` wrapper (``flwr/compat/client/numpy_client.py``)

@@ -3,8 +3,7 @@
 On Flower's simulation engine every message and its reply are pickled through Ray's object store:
 with N virtual sites the coordinator serialises the global model N times a round and every reply
 is copied into the store, out of it and unpickled again, while the Ray worker that sent it waits
-for its next message (py-spy at 40 sites, ``benchmarks/sim_overhead.py``: 12.5% of each worker's
-time; 0.4% with files). When the coordinator and every Ray worker are on one machine (a private Ray
+for its next message (``benchmarks/sim_overhead.py`` compares the two). When the coordinator and every Ray worker are on one machine (a private Ray
 instance) the arrays can travel as files instead: the coordinator writes an array it sends to many
 sites (the global model) ONCE into the run's exchange folder and each message carries only a
 reference to it; a site's reply is written into the
@@ -38,7 +37,7 @@ FOLDER_PREFIX = "fedreid-exchange-"
 MIN_BYTES = 1 << 16  # smaller arrays stay in the message (a file costs more than it saves)
 REPLY_PREFIX = "reply-"  # a site's reply file: read once, by the coordinator
 FREE_PREFIX = "free-"  # a read reply file, to be rewritten: a new file in /dev/shm costs its pages
-# (45 MB: 30 ms to write a new file here, 9 ms to rewrite one); at most this many are kept
+# (faulted in on the first write, not on a rewrite); at most this many are kept
 MAX_FREE = 4
 
 

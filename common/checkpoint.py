@@ -72,7 +72,7 @@ def atomic_torch_save(obj: Any, path: str | Path, *, checksums: bool = True) -> 
 
     ``checksums=False`` leaves out the CRC-32 of each zip record: ``torch.load`` never checks them
     (a corrupt byte loads as it is, checksum or not; a test keeps that premise checked), and
-    computing them is a fifth of a save's time (about 10 ms of 50 for a ResNet-18). A site's state,
+    computing them is a sizeable part of a save's time. A site's state,
     written every round, is saved without them.
     """
     # straight into the temporary file: the same bytes as through a BytesIO (torch writes a file

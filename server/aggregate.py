@@ -34,7 +34,7 @@ def average(
     Each element's sum runs over the sites in their given order, ``acc += w_k * u_k[i]`` in float64,
     whatever the blocking and the thread count, so the result is bit for bit the plain formula.
     The arrays are summed in blocks of :data:`BLOCK` elements (a block's float64 accumulator stays
-    in cache while every site is added: about 1.5x faster than whole-array passes), the blocks
+    in cache while every site is added, instead of a pass over the whole array per site), the blocks
     spread over ``threads`` threads (``server/thread_map.py``). Memory: besides the result, one
     float64 block and one term per thread; ``updates`` may be read-only views on the replies'
     bytes (no copy is made of them).
@@ -108,10 +108,10 @@ def squared_distances(update: list[np.ndarray], reference: list[np.ndarray]) -> 
     """
     # the same float64 differences and dot products as ``u.astype(f64) - r.astype(f64)``, written
     # into one scratch array instead of three new arrays per tensor: fresh arrays of a model's size
-    # cost page faults, 4x the arithmetic (170 ms a ResNet-18 update on a 2-core machine, 40 ms here)
+    # cost page faults, which take longer than the arithmetic
     # The squares are summed by numpy's own (pairwise, single-threaded) sum, not ``np.dot``: BLAS
     # splits a dot product over its threads, so its last bit, and with it the clip bound and the
-    # reported ``norm_limit``, depended on OMP_NUM_THREADS (seen in the FedFR demo at 1 vs 2 threads).
+    # reported ``norm_limit``, would depend on OMP_NUM_THREADS.
     pairs = list(zip(update, reference, strict=True))
     scratch = np.empty(max((u.size for u, _ in pairs if np.issubdtype(u.dtype, np.floating)), default=0), np.float64)
     out: list[float | None] = []
@@ -156,7 +156,7 @@ def clip_scales(norms: list[float], bound: float) -> list[float]:
 
 def capped_weights(counts: list[float], cap: float) -> list[float]:
     """FedFR weights N_i (Eq. 2/4), each at most ``cap`` x the lower median of the counts, so that a
-    site whose count is inflated weighs at most ``cap`` times a typical site (issue 12, item 6)."""
+    site whose count is inflated weighs at most ``cap`` times a typical site."""
     if cap <= 0:
         return [float(x) for x in counts]
     limit = cap * lower_median(counts)

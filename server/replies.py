@@ -1,7 +1,7 @@
 """One site's reply, checked on its own: sizes before decoding, then arrays and metrics.
 
 Any error here concerns ONE reply: the strategy drops that reply (one log line naming the site
-and the reason) and the round goes on with the others (issue 12, items 3-4).
+and the reason) and the round goes on with the others.
 
 - ``decode_arrays``: the reply's one packed array (``common/params.py``: the tensors' raw bytes in
   manifest order, as ``.npy`` bytes written by Flower's ``ndarray_to_bytes``) checked against the

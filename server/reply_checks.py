@@ -1,9 +1,9 @@
 """A site's reply checked as soon as it arrives, while the other sites still train.
 
 The checks of a reply (its size, its values finite: ``server/replies.py``) and the terms of its
-update norm (``server/aggregate.py``) read every byte of it: about 30 ms a ResNet-18 reply, 1.2
-core-seconds a round at 40 sites, which would all run after the last reply while the sites wait
-for the next round. :class:`ArrivalProxy` wraps a site's ``ClientProxy`` for one round's fit: the
+update norm (``server/aggregate.py``) read every byte of it: work proportional to the model size
+times the number of sites, which would all run after the last reply while the sites wait for the
+next round. :class:`ArrivalProxy` wraps a site's ``ClientProxy`` for one round's fit: the
 thread that waited for the reply (Flower's ``fit_clients``) runs :func:`check_reply` on it and leaves
 the result in a :class:`CheckedReplies` for the Strategy's ``aggregate_fit``, which takes it instead
 of computing it again. Nothing else changes: a reply is still dropped or kept, in canonical order,

@@ -3,7 +3,7 @@
 round ``global_final.pt``, ``curves.png`` and ``status.json``.
 
 A round's checkpoint is a snapshot taken at the report and written by one writer thread while the
-next round goes on (the sites wait for no file: 0.07-0.2 s a round for a ResNet-18 here). The
+next round goes on (the sites wait for no file). The
 writes keep their order; the next report waits for the previous write and raises its error, if
 any, and the last round's report waits for its own before ``global_final.pt`` is written. A
 coordinator killed while a write is under way keeps the previous round's checkpoint (the write is

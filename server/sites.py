@@ -1,4 +1,4 @@
-"""Which connected Flower node is which site: one name per node, one node per name (issue 12, item 7).
+"""Which connected Flower node is which site: one name per node, one node per name.
 
 Flower gives the ServerApp node ids only. ``SiteRoster.update`` names every new node once:
 - with node authentication, by the registration: ``fedserver`` registers ``<site>.pub`` under the

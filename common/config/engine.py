@@ -52,7 +52,7 @@ class EngineConfig:
     # glibc's malloc in the run's processes (coordinator, Ray workers) keeps freed memory for reuse
     # instead of giving every model-sized buffer back to the OS and faulting fresh pages in for the
     # next one (MALLOC_MMAP_MAX_=0, MALLOC_TRIM_THRESHOLD_ 2 GiB; values already in the environment
-    # win). A 45 MB copy costs 5 ms instead of 30-40 (benchmarks/sim_overhead.py); the price is
+    # win): a model-sized copy then faults no pages in (benchmarks/sim_overhead.py); the price is
     # resident memory that stays at its per-round peak. false = glibc's defaults.
     reuse_memory: bool = True
     # name -> where that virtual site's data and private state live; sites not listed take

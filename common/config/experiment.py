@@ -23,7 +23,7 @@ from common.config.modes import MODES
 from common.config.structured import build
 
 SITE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")  # a site name is also a file name: no path
-SAMPLINGS = ("paper", "public")  # strategy.sampling (issue 11, item 4)
+SAMPLINGS = ("paper", "public")  # strategy.sampling: all sites train and the sampled are averaged, or only they train
 
 
 def _bad(key: str, expected: str, found: Any) -> ValueError:

@@ -82,8 +82,8 @@ class FedFRConfig:
     pretrain_lr: float = 0.1
     pretrain_batch_size: int = 128
     pretrain_milestones: list[int] = field(default_factory=lambda: [10, 15, 18])  # lr x0.1 at these epochs
-    # The BN-free sphere nets do not survive lr 0.1 from the first step (the feature norm grows
-    # ~1e7x in one step at 112x112): the lr rises linearly over the first pretrain_warmup_steps
+    # The BN-free sphere nets do not survive lr 0.1 from the first step (the feature norm grows by
+    # orders of magnitude in one step at 112x112): the lr rises linearly over the first pretrain_warmup_steps
     # optimiser steps (SphereFace/CosFace-style warm-up; 0 = none), and the gradient norm of each
     # step is clipped to pretrain_max_grad_norm (0 = no clipping).
     pretrain_warmup_steps: int = 2000

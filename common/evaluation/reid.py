@@ -56,8 +56,8 @@ METRICS = ("euclidean", "cosine")
 # Budget for the per-chunk temporaries (distance rows, comparison masks, sorted copies).
 _CHUNK_BYTES = 16 * 2**20
 # Queries with at least this many true matches are counted by sorting their row once
-# (O(G log G)) instead of two comparison passes per true match (O(matches * G)). With numpy 2's
-# SIMD sort a Market-sized row sorts in the time of ~6 comparison passes: crossover ~3 matches.
+# (O(G log G)) instead of two comparison passes per true match (O(matches * G)): numpy 2's SIMD
+# sort of a Market-sized row costs a few comparison passes, so sorting wins from a few matches on.
 _SORT_MIN_MATCHES = 3
 # Bytes of same-identity bookkeeping per (query, same-pid gallery item) pair in a chunk.
 _BYTES_PER_SAME_PID = 64

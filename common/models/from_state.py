@@ -3,7 +3,7 @@
 A per-message site (the simulation engine's virtual sites, ``fedclient --no-site-process``) builds
 its model anew in every round and then overwrites every tensor with the site's state (its model at
 the end of its previous round). The initialisation draws (torchvision's Kaiming init: most of a
-ResNet-18's ~0.1 s build on this machine, per site and round) are thrown away. Built on the meta
+ResNet's build time, per site and round) are thrown away. Built on the meta
 device (shapes and dtypes only), materialised on the target device and loaded strictly, it is the
 same module, tensor for tensor, and it draws nothing from torch's random streams (a round reseeds
 before training in any case, so training is the same either way).

@@ -7,7 +7,7 @@ negatives a site trained on into its weight (a site close to the public data the
 others); here a site reports both ``num_examples`` and ``own_images`` and a reply whose weight is
 not its own image count is dropped, with a log line naming the site.
 
-A site cannot inflate its weight (issue 12, item 6): N_i comes from the operator's registry
+A site cannot inflate its weight: N_i comes from the operator's registry
 (``strategy.site_images``) or, without one, is the count the site reported first, frozen for the run
 (and kept in the checkpoint); and each weight is capped at ``strategy.weight_cap`` x the lower median
 of the round's weights. Sampling, noise, update checks and the round report are FedReIDStrategy's

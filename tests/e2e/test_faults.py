@@ -7,8 +7,8 @@
 - a slow site and an unreachable (frozen) site: the round times out and goes on with the replies
   it has;
 - a site sending a huge (finite) update: clipped to the norm bound, the global model moves at most
-  the bound and the run goes on (issue 12, item 5);
-- a site lost after round 1: later rounds go on without it (issue 12, item 8).
+  the bound and the run goes on;
+- a site lost after round 1: later rounds go on without it.
 Every wait is bounded and every process is killed and reaped at the end (checked). The coordinator
 killed mid-run and resumed is tested in test_resume.py (with the exactness check).
 """

@@ -1,4 +1,4 @@
-"""The FedFR demo gives the same numbers every time (issue 11 item 6, as the FedReID demo does in
+"""The FedFR demo gives the same numbers every time (as the FedReID demo does in
 test_demo_determinism.py): the faces are reused only when the current generator wrote them with the
 same parameters, sites start without an earlier run's state (DFC layer, W_l, previous model), and
 pre-training, the rounds and the evaluation do not depend on the machine's thread count."""

@@ -1,4 +1,4 @@
-"""Client fraction S (issue 11, item 4) and waiting for sites (issue 12, item 8).
+"""Client fraction S (Eq. 5: which sites train and which are averaged) and waiting for sites.
 
 paper (default): every site trains each round, the average runs over ceil(S*N) sampled sites, and
 every site receives the new global model (Eq. 5-6); public: only the sampled sites train. Sites are

@@ -1,4 +1,4 @@
-"""One hostile or broken reply cannot end, steer or blow up a round (issue 12, items 3-6).
+"""One hostile or broken reply cannot end, steer or blow up a round.
 
 Expected models are computed here by hand with numpy (float64), never read back from the code."""
 

@@ -1,4 +1,4 @@
-"""Site identity (issue 12, item 7): one node per configured site name, names bound to the
+"""Site identity: one node per configured site name, names bound to the
 registered key with node authentication, and site names that never become paths outside conf/."""
 
 import logging
