@@ -277,6 +277,22 @@ def interpolate(obj, env: dict[str, str]):
     return obj
 
 
+def write_tiny_site(root: Path, i: int, *, seed: int = 10, identity_seed: int = 1000) -> Path:
+    """Site number ``i``'s tiny synthetic Market-1501 data (4 + 2 identities x 4 images of 32x16),
+    drawn with ``seed + i`` and ``identity_seed + i``: every site its own images and identities."""
+    write_market_layout(
+        root,
+        num_train_ids=4,
+        num_test_ids=2,
+        images_per_id=4,
+        height=32,
+        width=16,
+        seed=seed + i,
+        identity_seed=identity_seed + i,
+    )
+    return root
+
+
 def load_compose(*names: str, env: dict[str, str] | None = None) -> dict:
     """The compose files merged the way ``docker compose -f A -f B`` merges mappings."""
     merged: dict = {}
@@ -292,6 +308,32 @@ def _merge_compose(into: dict, new: dict) -> None:
             _merge_compose(into[k], v)
         else:
             into[k] = v
+
+
+def compose_operator_steps(
+    secrets: Path, data: Path, sites: list[str], hosts: list[str], *, seed: int, identity_seed: int
+) -> None:
+    """The operator's steps of docker/README.md: the coordinator's certificates for ``hosts``, a key per
+    site, registered, and each site's tiny synthetic data in the layout of the reader its config names
+    (compose passes no --reader); site i's data drawn with ``seed + i`` and ``identity_seed + i``."""
+    from common.config.site import load_site
+    from common.datasets.layouts import write_layout
+
+    assert certs_main([str(secrets / "tls"), *(a for h in hosts for a in ("--host", h))]) == 0
+    for i, site in enumerate(sites):
+        assert keygen_main(["--site", site, "--out", str(secrets / "sites")]) == 0
+        registry = ["--site", site, "--keys-dir", str(secrets / "registry")]
+        assert register_site_main([str(secrets / "sites" / f"{site}.pub"), *registry]) == 0
+        write_layout(
+            load_site(site).reader,
+            data / site,
+            num_ids=8,
+            images_per_id=4,
+            height=32,
+            width=16,
+            seed=seed + i,
+            identity_seed=identity_seed + i,
+        )
 
 
 # ---- TLS + node authentication end to end: files, commands and processes of a test federation ----
@@ -339,16 +381,7 @@ def make_federation(
     )
     for i, site in enumerate(sites):
         fed.data[site] = root / "data" / site
-        write_market_layout(
-            fed.data[site],
-            num_train_ids=4,
-            num_test_ids=2,
-            images_per_id=4,
-            height=32,
-            width=16,
-            seed=10 + i,
-            identity_seed=1000 + i,
-        )
+        write_tiny_site(fed.data[site], i)
     return fed
 
 

@@ -25,9 +25,9 @@ import torch
 
 from common import processes
 from common.checkpoint import torch_load
-from common.datasets.synthetic import write_market_layout
 from server.launch import Launcher, LocalSite
-from tests.procutil import kill_all, processes_mentioning
+from tests.fakes import write_tiny_site
+from tests.procutil import kill_all, processes_mentioning, run_to_end
 
 # tiny and deterministic: resnet18 at 32x16, one step of 4 images per round, one torch thread
 TINY = [
@@ -70,6 +70,23 @@ def tiny_fedsim(out: Path, overrides: list[str], timeout_s: int = 420) -> list[s
     return [sys.executable, "-m", "server.sim", *args, *tiny, *overrides]
 
 
+def run_with_threads(cmd: list[str], threads: str, *, cwd: Path, marker: str, timeout_s: float) -> tuple[int, str]:
+    """``run_to_end`` with OMP_NUM_THREADS = MKL_NUM_THREADS = ``threads`` in the environment every
+    process of ``cmd`` inherits (fedserver, the ServerApp, the sites); this process's own
+    environment is restored afterwards."""
+    env = {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        return run_to_end(cmd, cwd=cwd, marker=marker, timeout_s=timeout_s)
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
 class Federation:
     def __init__(self, root: Path, sites: list[str], overrides: list[str]):
         self.root = Path(root)
@@ -89,16 +106,7 @@ class Federation:
         for i, site in enumerate(sites):
             data = self.data_root(site)
             if not data.is_dir():
-                write_market_layout(
-                    data,
-                    num_train_ids=4,
-                    num_test_ids=2,
-                    images_per_id=4,
-                    height=32,
-                    width=16,
-                    seed=10 + i,
-                    identity_seed=1000 + i,
-                )
+                write_tiny_site(data, i)
 
     def __enter__(self) -> Self:
         return self

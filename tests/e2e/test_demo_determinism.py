@@ -5,14 +5,14 @@ coordinator's evaluation does not depend on the machine's thread count."""
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.procutil import processes_mentioning, run_to_end
+from tests.federation import run_with_threads
+from tests.procutil import processes_mentioning
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -43,17 +43,8 @@ def _demo(out: Path, threads: str, tmp_path: Path) -> list[dict]:
         "wait_for_sites_s=300",
         "round_timeout_s=400",
     ]
-    env = {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
-    old = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)  # inherited by fedserver, the ServerApp and the sites
-    try:
-        code, output = run_to_end(cmd, cwd=REPO, marker=str(tmp_path), timeout_s=900)  # bounded, generous under load
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    # bounded, generous under load
+    code, output = run_with_threads(cmd, threads, cwd=REPO, marker=str(tmp_path), timeout_s=900)
     assert code == 0, output[-4000:]
     return json.loads((out / "metrics.json").read_text())
 

@@ -1,7 +1,6 @@
 """End to end: a real SuperLink and two real SuperNodes on loopback run 2 FedReID rounds."""
 
 import json
-import sys
 import time
 from pathlib import Path
 
@@ -10,6 +9,7 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from common.checkpoint import torch_load
+from tests.federation import tiny_fedsim
 from tests.procutil import processes_mentioning, run_to_end
 
 REPO = Path(__file__).resolve().parents[2]
@@ -18,33 +18,7 @@ REPO = Path(__file__).resolve().parents[2]
 @pytest.mark.timeout(600)
 def test_two_sites_two_rounds(tmp_path):
     out = tmp_path / "run"
-    cmd = [
-        sys.executable,
-        "-m",
-        "server.sim",
-        "--out",
-        str(out),
-        "--sites",
-        "market1501",
-        "dukemtmc",
-        "--train-ids",
-        "4",
-        "--images-per-id",
-        "4",
-        "--target-ids",
-        "3",
-        "--timeout",
-        "420",
-        "--site-layouts",
-        "real",
-        "rounds=2",
-        "model.height=32",
-        "model.width=16",
-        "train.batch_size=4",
-        "train.max_steps_per_epoch=1",
-        "wait_for_sites_s=120",
-        "round_timeout_s=180",
-    ]
+    cmd = tiny_fedsim(out, ["--site-layouts", "real", "rounds=2"], timeout_s=420)
     code, output = run_to_end(cmd, cwd=REPO, marker=str(tmp_path), timeout_s=480)
     assert code == 0, output[-4000:]
     rows = json.loads((out / "metrics.json").read_text())

@@ -6,15 +6,14 @@ pre-training, the rounds and the evaluation do not depend on the machine's threa
 from __future__ import annotations
 
 import json
-import os
 import re
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.federation import tiny_fedfr_demo
-from tests.procutil import processes_mentioning, run_to_end
+from tests.federation import run_with_threads, tiny_fedfr_demo
+from tests.procutil import processes_mentioning
 
 REPO = Path(__file__).resolve().parents[2]
 # what legitimately differs between two runs: clocks, memory, process ids
@@ -22,18 +21,7 @@ _VARIES = re.compile(r"(time|seconds|wall|_s$|rss|memory|pid)", re.IGNORECASE)
 
 
 def _demo(out: Path, threads: str, tmp_path: Path) -> tuple[list, dict]:
-    cmd = tiny_fedfr_demo(out)
-    env = {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
-    old = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)  # inherited by fedserver, the ServerApp and the sites
-    try:
-        code, output = run_to_end(cmd, cwd=REPO, marker=str(tmp_path), timeout_s=540)
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    code, output = run_with_threads(tiny_fedfr_demo(out), threads, cwd=REPO, marker=str(tmp_path), timeout_s=540)
     assert code == 0, output[-4000:]
     return json.loads((out / "metrics.json").read_text()), json.loads((out / "fedfr_eval.json").read_text())
 

@@ -24,12 +24,15 @@ from pathlib import Path
 
 import pytest
 
-from client.keygen import keygen_main
 from common import processes
-from common.config.site import load_site
-from common.datasets.layouts import write_layout
-from server.admin import certs_main, register_site_main
-from tests.fakes import assert_no_secrets, load_compose, processes_mentioning, secret_fragments, wait_registered
+from tests.fakes import (
+    assert_no_secrets,
+    compose_operator_steps,
+    load_compose,
+    processes_mentioning,
+    secret_fragments,
+    wait_registered,
+)
 
 SUBNET = "10.200.0"  # private test subnet, only inside the namespaces below
 SUPERLINK_IP = f"{SUBNET}.1"
@@ -135,27 +138,7 @@ def host_command(compose: dict, service: str, volumes_dir: Path) -> list[str]:
 def test_compose_topology_two_rounds_across_network_namespaces(tmp_path):
     secrets, data, volumes, logs = (tmp_path / d for d in ("secrets", "data", "volumes", "logs"))
     logs.mkdir()
-    # the operator's steps of docker/README.md
-    assert certs_main([str(secrets / "tls"), "--host", "superlink", "--host", SUPERLINK_IP]) == 0
-    for i, site in enumerate(SITES):
-        assert keygen_main(["--site", site, "--out", str(secrets / "sites")]) == 0
-        assert (
-            register_site_main(
-                [str(secrets / "sites" / f"{site}.pub"), "--site", site, "--keys-dir", str(secrets / "registry")]
-            )
-            == 0
-        )
-        # in the layout of the reader the site's config names (compose passes no --reader)
-        write_layout(
-            load_site(site).reader,
-            data / site,
-            num_ids=8,
-            images_per_id=4,
-            height=32,
-            width=16,
-            seed=20 + i,
-            identity_seed=3000 + i,
-        )
+    compose_operator_steps(secrets, data, list(SITES), ["superlink", SUPERLINK_IP], seed=20, identity_seed=3000)
     env = {**ENV, "FEDREID_SECRETS": str(secrets), **{f"{s.upper()}_DATA": str(data / s) for s in SITES}}
     compose = load_compose(env=env)
     server_cmd = host_command(compose, "superlink", volumes)

@@ -13,12 +13,11 @@ import torch
 import client.fedreid.client as nc
 import client.fedreid.train as ct
 from common.config.modes import MODES, label_offsets
-from common.datasets.synthetic import write_market_layout
 from common.models.builder import expected_manifest, model_for
 from common.params import get_shared
 from server.fedreid.fedavg_strategy import FedAvgStrategy
 from server.strategy_settings import StrategySettings
-from tests.fakes import fit_config, make_client, manager_of, packed, tiny_config
+from tests.fakes import fit_config, make_client, manager_of, packed, tiny_config, write_tiny_site
 
 SITES = ["market1501", "dukemtmc"]
 
@@ -105,16 +104,7 @@ def two_sites(tmp_path_factory):
     roots = {}
     for i, site in enumerate(SITES):
         roots[site] = tmp_path_factory.mktemp(site)
-        write_market_layout(
-            roots[site],
-            num_train_ids=4,
-            num_test_ids=2,
-            images_per_id=4,
-            height=32,
-            width=16,
-            seed=20 + i,
-            identity_seed=500 + i,
-        )
+        write_tiny_site(roots[site], i, seed=20, identity_seed=500)
     return roots
 
 
