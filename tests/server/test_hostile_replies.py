@@ -47,7 +47,7 @@ def run(s, replies):
     return (None if params is None else unpacked(s.manifest, params)), s.records[1]
 
 
-# ---- item 3: per-reply isolation ----
+# ---- per-reply isolation ----
 
 
 @pytest.mark.parametrize(
@@ -92,7 +92,7 @@ def test_metrics_must_be_numbers():
             check_metrics(bad, "x")
 
 
-# ---- item 4: size before decoding ----
+# ---- size before decoding ----
 
 
 def _npy(header_shape, dtype="<f4", data: bytes = b""):
@@ -145,7 +145,7 @@ def test_decoding_is_zero_copy_and_exact():
     assert peak < 1 << 20, peak  # views on the reply's bytes, not a copy
 
 
-# ---- item 5: bounded influence and robust aggregation ----
+# ---- bounded influence and robust aggregation ----
 
 
 def _expected_clipped_mean(ref, ups, bound):
@@ -212,7 +212,7 @@ def test_median_and_trimmed_mean_match_scipy():
         np.testing.assert_allclose(out[k], stats.trim_mean(stack[k].astype(np.float64), 0.2, axis=0), rtol=1e-5)
 
 
-# ---- item 6: FedFR weights a site cannot inflate ----
+# ---- FedFR weights a site cannot inflate ----
 
 FR = Manifest(keys=("backbone.w",), shapes=((3,),), dtypes=("float32",))
 
