@@ -111,10 +111,11 @@ def check_fedserver(words: list[str]) -> None:
 def check_fedclient(words: list[str]) -> None:
     from client.keygen import parser as keygen_parser
     from client.main import parser
+    from client.site_keys import to_flags
 
     if words and words[0] == "keygen":
         return _argparse(keygen_parser(), words[1:])
-    _argparse(parser(), words)
+    _argparse(parser(), to_flags(words))  # KEY=VALUE checked against the site's keys, then as its alias
 
 
 def check_fedsim(words: list[str]) -> None:
