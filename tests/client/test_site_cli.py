@@ -194,3 +194,15 @@ def test_a_console_scripts_output_to_a_file_is_plain_and_complete_when_it_exits(
     assert r.returncode == 0
     assert (tmp_path / "out.log").read_bytes() == b"INFO :  parent\nWARNING : child\nlast line"
     assert (tmp_path / "err.log").read_bytes() == b"ERROR : err\n"
+
+
+def test_the_supernode_log_is_a_file_on_a_terminal_else_fedclients_output(tmp_path, monkeypatch, capsys):
+    from client.main import supernode_log
+
+    assert supernode_log("-", str(tmp_path)) is None
+    assert supernode_log(str(tmp_path / "sn.log"), str(tmp_path)) == tmp_path / "sn.log"
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: False)
+    assert supernode_log("auto", str(tmp_path)) is None  # a log file or docker's log: the SuperNode joins it
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
+    assert supernode_log("auto", str(tmp_path)) == tmp_path / "supernode.log"
+    assert f"fedclient: the SuperNode's log: {tmp_path / 'supernode.log'}" in capsys.readouterr().out
