@@ -1,6 +1,9 @@
 """``fedclient``: a site. Checks the site's private data, then runs a Flower SuperNode for it.
 
-    fedclient --site market1501 --superlink HOST:PORT --data-root /data/market1501
+    fedclient site=market1501 superlink.address=HOST:PORT superlink.ca_cert=ca.crt site.data_root=/data/market1501
+
+Every setting is ``KEY=VALUE`` (``client/site_keys.py``: the keys, the coordinator's names where
+both sides have one) or its ``--flag`` alias.
 
 The data, the mapping head, the local expert and the optimizer state never leave this machine:
 they live under ``--data-root`` and ``--state-dir``. Only the shared embedding is sent.
@@ -21,6 +24,7 @@ secret (a 0600 file in the state folder), not to any local process that reaches 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import os
 import signal
@@ -28,7 +32,9 @@ import sys
 import time
 from pathlib import Path
 
+from client import site_keys
 from client.channel import socket_path
+from client.coordinator_wait import CONNECT_ATTEMPTS, CONNECT_INTERVAL_S, wait_for_coordinator
 from client.run_end import exit_status, read_progress
 from client.site_supervisor import SiteSupervisor, site_process_cmd
 from common import processes, superexec
@@ -36,89 +42,66 @@ from common.config.compose import site_names
 from common.config.experiment import TrainConfig
 from common.config.site import SiteConfig, default_state_dir, load_site
 from common.config.structured import ConfigError
-from common.datasets import FACE_READERS, READERS, build_reader
+from common.datasets import FACE_READERS, build_reader
 from common.datasets.base import DatasetLayoutError
 from common.datasets.verify import site_records, verify_report
 from common.instruction_signature import COORDINATOR_PUB, load_coordinator_public_key, public_key_fingerprint
 from common.private_folder import NotPrivateError, check_private, make_private
 from common.writable import NotWritableError, check_writable
 
-DESCRIPTION = """Run one FedReID site (a Flower SuperNode) and connect it to the coordinator.
+DESCRIPTION = """Run one site (a Flower SuperNode) and connect it to the coordinator.
 
-Site settings come from conf/site/<SITE>.yaml (reader, data_root, state_dir); the options below
-override them. Traffic to the SuperLink is HTTPS: give --root-certificates (the CA that signed
-the coordinator's certificate), or --insecure for plain text on a trusted network.
-A site key for node authentication: `fedclient keygen --site NAME` (then --auth-key NAME.key)."""
+Settings are KEY=VALUE, with the coordinator's key names where both sides have one; each key has
+a --flag alias (either spelling). Site defaults come from conf/site/SITE.yaml. Traffic to the
+coordinator is HTTPS: give superlink.ca_cert, or superlink.insecure=true on a trusted network.
+
+keys (KEY=VALUE, alias, what it sets):
+{keys}
+
+sites (conf/site/): {sites}
+
+options: --verify-images (decode every image of the site, list failures, exit), --debug (tracebacks)
+More: docs/cli.md, docs/deployment.md"""
 
 
 def parser() -> argparse.ArgumentParser:
+    """The options; every one but --verify-images (an action) is the alias of a key of ``client/site_keys.py``,
+    which the help lists instead of argparse's own list."""
     p = argparse.ArgumentParser(
         prog="fedclient",
-        usage="%(prog)s --site SITE [options]\n       %(prog)s keygen --site SITE [options]  (a site key; keygen --help)",
-        description=DESCRIPTION,
+        usage="%(prog)s site=SITE [KEY=VALUE ...]   (or the --flag aliases below)\n"
+        "       %(prog)s keygen --site SITE [--out DIR]   (a site key for node authentication; keygen --help)",
+        description=DESCRIPTION.format(keys=site_keys.keys_help(), sites=", ".join(site_names())),
         formatter_class=argparse.RawDescriptionHelpFormatter,
+        add_help=False,
     )
-    p.add_argument("--site", required=True, help=f"site name, one of conf/site/*.yaml: {', '.join(site_names())}")
-    p.add_argument("--superlink", default="127.0.0.1:9092", help="coordinator address HOST:PORT (default %(default)s)")
-    p.add_argument("--data-root", help="folder of this site's dataset (default: data_root of the site config)")
-    p.add_argument("--reader", help=f"dataset reader (default: the site config's); one of {sorted(READERS)}")
-    p.add_argument(
-        "--state-dir", help="folder for the site's private state: head, expert, optimizer (default: site config)"
-    )
-    p.add_argument(
-        "--device", default="cpu", help="torch device for local training: cpu, cuda, cuda:1, auto (default %(default)s)"
-    )
+    hide = argparse.SUPPRESS
+    p.add_argument("-h", "--help", action="help", help=hide)
+    p.add_argument("--site", required=True, help=hide)
+    p.add_argument("--superlink", default="127.0.0.1:9092", help=hide)
+    p.add_argument("--data-root", help=hide)
+    p.add_argument("--reader", help=hide)
+    p.add_argument("--state-dir", help=hide)
+    p.add_argument("--device", default="cpu", help=hide)
     sec = p.add_mutually_exclusive_group()
-    sec.add_argument("--root-certificates", help="CA certificate (PEM) to verify the coordinator's TLS certificate")
-    sec.add_argument("--insecure", action="store_true", help="plain-text HTTP (prints a warning)")
-    p.add_argument("--auth-key", help="private key file of this site (node authentication), see docs/deployment.md")
-    p.add_argument(
-        "--coordinator-key",
-        help="the coordinator's public key (coordinator.pub from `fedserver certs`): the site acts only on "
-        "instructions it signed (default: coordinator.pub beside --root-certificates)",
-    )
-    p.add_argument("--port", type=int, default=9094, help="local ClientAppIO port of the SuperNode (unique per host)")
-    p.add_argument(
-        "--max-retries", type=int, default=20, help="reconnect attempts before giving up (default %(default)s)"
-    )
-    p.add_argument(
-        "--max-wait-time",
-        type=float,
-        default=300.0,
-        help="seconds to keep trying to reach the SuperLink before giving up (default %(default)s)",
-    )
-    p.add_argument(
-        "--public-root",
-        help="FedFR: this site's copy of the public face data (default: the site config's public_root)",
-    )
-    p.add_argument("--flwr-home", help="Flower home folder of this SuperNode (default: <state-dir>/flwr_home)")
-    p.add_argument(
-        "--no-site-process",
-        action="store_true",
-        help="no long-lived site process: each round's ClientApp process imports torch, builds the site "
-        "and reads and writes its state on disk (slower; Flower's process per message)",
-    )
-    p.add_argument(
-        "--site-restarts",
-        type=int,
-        default=5,
-        help="times a site process that died is restarted from its state file before fedclient gives up "
-        "(default %(default)s)",
-    )
-    p.add_argument(
-        "--batch-size",
-        type=int,
-        default=None,
-        help="the run's train.batch_size (default: 32, the config's): a Re-ID site with fewer training "
-        "images than one batch is refused at start",
-    )
-    p.add_argument(
-        "--verify-images",
-        action="store_true",
-        help="decode every image of this site, list the ones that fail, and exit (0: all decode, 1: not)",
-    )
-    # hidden: fault injection for tests and benchmarks only (client/faults.py), e.g. --fault nan
-    p.add_argument("--fault", default="", help=argparse.SUPPRESS)
+    sec.add_argument("--root-certificates", help=hide)
+    sec.add_argument("--insecure", action="store_true", help=hide)
+    p.add_argument("--auth-key", help=hide)
+    p.add_argument("--coordinator-key", help=hide)
+    p.add_argument("--port", type=int, default=9094, help=hide)
+    p.add_argument("--connect-attempts", type=int, default=CONNECT_ATTEMPTS, help=hide)
+    p.add_argument("--connect-interval", type=float, default=CONNECT_INTERVAL_S, help=hide)
+    p.add_argument("--max-retries", type=int, default=20, help=hide)
+    p.add_argument("--max-wait-time", type=float, default=300.0, help=hide)
+    p.add_argument("--supernode-log", default="auto", help=hide)
+    p.add_argument("--public-root", help=hide)
+    p.add_argument("--flwr-home", help=hide)
+    p.add_argument("--no-site-process", action="store_true", help=hide)
+    p.add_argument("--site-restarts", type=int, default=5, help=hide)
+    p.add_argument("--batch-size", type=int, default=None, help=hide)
+    p.add_argument("--verify-images", action="store_true", help=hide)
+    # fault injection for tests and benchmarks only (client/faults.py), e.g. --fault nan
+    p.add_argument("--fault", default="", help=hide)
     return p
 
 
@@ -146,7 +129,10 @@ def supernode_cmd(a: argparse.Namespace, settings: SiteConfig, superexec_secret:
             raise ConfigError(f"--root-certificates: file not found: {a.root_certificates}")
         cmd += ["--root-certificates", a.root_certificates]
     else:
-        raise SystemExit("fedclient: give --root-certificates CA.crt for TLS, or --insecure for plain text")
+        raise SystemExit(
+            "fedclient: give superlink.ca_cert=CA.crt (--root-certificates) for TLS, or superlink.insecure=true "
+            "(--insecure) for plain text"
+        )
     if a.auth_key:
         if not Path(a.auth_key).is_file():
             raise ConfigError(f"--auth-key: file not found: {a.auth_key}")
@@ -160,7 +146,7 @@ def main(argv: list[str] | None = None) -> None:
         from client.keygen import keygen_main
 
         sys.exit(keygen_main(args[1:]))
-    a = parser().parse_args(args)
+    a = parser().parse_args(site_keys.to_flags(args))  # KEY=VALUE words become their --flag aliases
     settings = site_settings(a)
     data = check_site_data(a.site, settings)
     if a.verify_images:  # check the data and exit: the operator's step before joining
@@ -170,7 +156,10 @@ def main(argv: list[str] | None = None) -> None:
         check_one_batch(a.site, len(data.train), a.batch_size or TrainConfig.batch_size)
     home = prepare_state_folder(a, settings.state_dir)
     if a.insecure:
-        print("fedclient: WARNING: --insecure: traffic to the coordinator is NOT encrypted", file=sys.stderr)
+        print(
+            "fedclient: WARNING: superlink.insecure (--insecure): traffic to the coordinator is NOT encrypted",
+            file=sys.stderr,
+        )
     sys.exit(run_site(a, settings, home))
 
 
@@ -228,12 +217,21 @@ def run_site(a: argparse.Namespace, settings: SiteConfig, home: Path) -> int:
     """Start the site process (unless ``--no-site-process``), the SuperExec and the SuperNode, watch
     them until the SuperNode exits, stop them all; the exit status (client/run_end.py)."""
     state_dir = settings.state_dir
+    # the SuperNode starts once the coordinator answers: no retry warnings while it is not up yet
+    wait_for_coordinator(a.superlink, a.connect_attempts, a.connect_interval)
     started_at = time.time()
     supervisor, sock = start_site_process(a, settings)
     secret, runner = start_superexec(a, state_dir, home)
     proc = processes.start(
-        supernode_cmd(a, dataclasses.replace(settings, site_socket=sock), secret), processes.tool_env(home)
+        supernode_cmd(a, dataclasses.replace(settings, site_socket=sock), secret),
+        processes.tool_env(home),
+        log_path=supernode_log(a.supernode_log, state_dir),
     )
+    # the SuperExec dials the SuperNode's local port: started once that listens, it logs no failed
+    # attempts; a SuperNode that exits first is reported by the loop below
+    with contextlib.suppress(TimeoutError, RuntimeError):
+        processes.wait_for_port("127.0.0.1", a.port, SUPERNODE_START_S, proc)
+    runner.start()
     keepers = [k for k in (supervisor, runner) if k is not None]
 
     def stop_all(grace_s: float) -> None:
@@ -281,7 +279,8 @@ def start_site_process(a: argparse.Namespace, settings: SiteConfig) -> tuple[Sit
 
 def start_superexec(a: argparse.Namespace, state_dir: str, home: Path) -> tuple[Path, SiteSupervisor]:
     """Flower's SuperExec, which starts each message's ClientApp process, holding the SuperNode's
-    secret (written to the state folder); (the secret's file, its supervisor)."""
+    secret (written to the state folder); (the secret's file, its supervisor, not yet started: it
+    starts once the SuperNode listens)."""
     secret = superexec.write_secret(Path(state_dir) / superexec.SECRET_FILE)
     runner = SiteSupervisor(
         a.site,
@@ -291,19 +290,31 @@ def start_superexec(a: argparse.Namespace, state_dir: str, home: Path) -> tuple[
         what="SuperExec",
         restart="restarting it",
     )
-    runner.start()
     return secret, runner
 
 
 # the SuperExec asks the SuperNode for a ClientApp task this often: a round's message waits on the
 # SuperNode until the next ask, up to a whole second per round at Flower's default of one second
 SUPEREXEC_POLL_S = 0.1
+# how long the SuperExec waits for the SuperNode's local port before it starts anyway (it then retries)
+SUPERNODE_START_S = 60.0
 
 
 def superexec_cmd(port: int, secret: Path) -> list[str]:
     """Flower's ``flower-superexec`` on the SuperNode's local Runtime API (``--port``), holding
     ``secret``; it exits with ``fedclient``."""
     return superexec.superexec_cmd(f"127.0.0.1:{port}", secret, parent_pid=os.getpid())
+
+
+def supernode_log(choice: str, state_dir: str) -> Path | None:
+    """Where the SuperNode's own output goes (``site.supernode_log``): a file, or None for fedclient's
+    output ('-'); 'auto' is STATE_DIR/supernode.log when fedclient writes to a terminal (which then
+    shows fedclient's own lines only), else fedclient's output (a log file, docker's log)."""
+    if choice == "-" or (choice == "auto" and not sys.stdout.isatty()):
+        return None
+    path = Path(state_dir) / "supernode.log" if choice == "auto" else Path(choice).expanduser().resolve()
+    print(f"fedclient: the SuperNode's log: {path}", flush=True)
+    return path
 
 
 def coordinator_public_key(a: argparse.Namespace) -> str:
@@ -320,7 +331,8 @@ def coordinator_public_key(a: argparse.Namespace) -> str:
             )
     else:
         print(
-            "fedclient: WARNING: no --coordinator-key: instructions are NOT checked for the coordinator's signature",
+            "fedclient: WARNING: no superlink.coordinator_key (--coordinator-key): instructions are NOT checked "
+            "for the coordinator's signature",
             file=sys.stderr,
         )
         return ""
@@ -346,5 +358,7 @@ def check_one_batch(site: str, num_train: int, batch_size: int) -> None:
 
 if __name__ == "__main__":
     from common.cli_errors import run_cli
+    from common.plain_log import plain_std_streams
 
+    plain_std_streams()
     run_cli("fedclient", main)

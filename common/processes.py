@@ -15,6 +15,8 @@ from pathlib import Path
 
 import psutil
 
+from common import plain_log
+
 MALLOC_ARENA_MAX = "2"
 # Every process a run starts inherits this variable (SuperLink, flwr-simulation, Ray's daemons and
 # workers): kill_tagged finds what is left of a run by it, whatever process group it moved to.
@@ -52,16 +54,57 @@ def executable(name: str) -> str:
 def start(
     cmd: Sequence[str], env: dict[str, str], log_path: str | Path | None = None, cwd: str | Path | None = None
 ) -> subprocess.Popen:
-    """Start ``cmd`` in its own process group (so that stopping it also stops its children)."""
-    out = open(log_path, "ab") if log_path else None  # noqa: SIM115 - closed with the process
-    return subprocess.Popen(
-        list(cmd),
-        env=env,
-        cwd=cwd,
-        stdout=out or None,
-        stderr=subprocess.STDOUT if out else None,
-        start_new_session=True,
-    )
+    """Start ``cmd`` in its own process group (so that stopping it also stops its children).
+
+    With ``log_path`` its output (stdout and stderr) is appended there as plain text, without the
+    ANSI colour codes Flower writes (``common/plain_log.py``); ``wait`` and ``poll`` then also let
+    the log catch up once the process has exited."""
+    if log_path is None:
+        return subprocess.Popen(list(cmd), env=env, cwd=cwd, start_new_session=True)
+    write_fd, log_filter = plain_log.start_filter(log_path, {k: v for k, v in env.items() if k != RUN_TAG_ENV})
+    try:
+        proc = LoggedPopen(
+            list(cmd), env=env, cwd=cwd, stdout=write_fd, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    except BaseException:
+        log_filter.kill()
+        log_filter.wait()
+        raise
+    finally:
+        os.close(write_fd)
+    proc.log_filter = log_filter
+    return proc
+
+
+# how long ``wait``/``poll`` of an exited process give its log filter to write the last lines; more
+# only when a child that escaped the process's group still holds the output (the log then goes on)
+LOG_DRAIN_S = 5.0
+
+
+class LoggedPopen(subprocess.Popen):
+    """A process whose output goes through a log filter: once it has exited, ``wait`` and ``poll``
+    return after the filter wrote what the process left in the pipe (bounded by ``LOG_DRAIN_S``)."""
+
+    log_filter: subprocess.Popen | None = None
+    _drained = False
+
+    def _drain(self) -> None:
+        if self._drained or self.log_filter is None:
+            return
+        self._drained = True
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.log_filter.wait(timeout=LOG_DRAIN_S)
+
+    def poll(self) -> int | None:
+        code = super().poll()
+        if code is not None:
+            self._drain()
+        return code
+
+    def wait(self, timeout: float | None = None) -> int:
+        code = super().wait(timeout)
+        self._drain()
+        return code
 
 
 def stop(proc: subprocess.Popen, grace_s: float = 10.0) -> int | None:

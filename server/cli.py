@@ -5,11 +5,13 @@ data) or 1 (run time); ``--debug`` shows the traceback."""
 from __future__ import annotations
 
 from common.cli_errors import run_cli
+from common.plain_log import plain_std_streams
 
 
 def fedserver() -> None:
     from server.main import main
 
+    plain_std_streams()  # a log file of the coordinator's output gets no colour codes (a terminal keeps them)
     run_cli("fedserver", main)
 
 

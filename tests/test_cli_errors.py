@@ -44,6 +44,9 @@ def _run(prog: str, *args: str, cwd: Path) -> subprocess.CompletedProcess:
         ("fedserver", ["experiment=nope"], "fedserver: bad configuration: config: unknown experiment 'nope';"),
         ("fedserver", ["--rounds", "3"], "fedserver: unknown option(s) ['--rounds']; configuration is given as"),
         ("fedclient", ["--site", "nope"], "fedclient: unknown site 'nope'; configured sites (conf/site/*.yaml):"),
+        ("fedclient", ["site=nope"], "fedclient: unknown site 'nope'; configured sites (conf/site/*.yaml):"),
+        ("fedclient", ["trian.batch_size=4"], "fedclient: unknown key 'trian.batch_size'; expected one of: site, "),
+        ("fedclient", ["rounds=3"], "fedclient: rounds is a key of the coordinator (fedserver), not used by a site;"),
         ("fedeval", ["checkpoint=x.pt", "targets=[viper]", "data_root=DATA"], "fedeval: viper: missing folder: "),
     ],
 )
@@ -84,6 +87,9 @@ def test_fedserver_help_is_short_and_show_config_prints_the_composed_config(tmp_
 def test_fedclient_usage_shows_keygen(tmp_path):
     r = _run("fedclient", "--help", cwd=tmp_path)
     assert r.returncode == 0 and "fedclient keygen --site SITE" in r.stdout.splitlines()[1]
+    assert len(r.stdout.splitlines()) < 45
+    for key, alias in (("superlink.ca_cert", "--root-certificates"), ("train.batch_size", "--batch-size")):
+        assert any(ln.split()[:2] == [key, alias] for ln in r.stdout.splitlines() if ln.strip()), r.stdout
 
 
 def test_one_line_and_exit_codes_by_kind():

@@ -111,10 +111,11 @@ def check_fedserver(words: list[str]) -> None:
 def check_fedclient(words: list[str]) -> None:
     from client.keygen import parser as keygen_parser
     from client.main import parser
+    from client.site_keys import to_flags
 
     if words and words[0] == "keygen":
         return _argparse(keygen_parser(), words[1:])
-    _argparse(parser(), words)
+    _argparse(parser(), to_flags(words))  # KEY=VALUE checked against the site's keys, then as its alias
 
 
 def check_fedsim(words: list[str]) -> None:
@@ -252,6 +253,8 @@ def test_documented_site_yaml_is_a_site_config(where: str, body: str, tmp_path, 
         "fedserver --insecure",  # a fedclient flag
         "fedclient --site market1501 --insecure --root-certificates ca.crt",  # exclusive
         "fedclient --site market1501 --batchsize 8",
+        "fedclient site=market1501 rounds=3",  # the coordinator's key
+        "fedclient site=market1501 train.batchsize=8",
         "fedserver certs --host x",  # out_dir missing
         "fedsim --engine simulation --sites 4 trian.batch_size=4",
         "fedsim --sites 40",  # numbered sites need --engine simulation

@@ -46,5 +46,14 @@ def test_two_sites_two_rounds(tmp_path):
     for site in ("market1501", "dukemtmc"):
         assert (out / "state" / site / "site_state.pt").is_file()
     assert "[round 2/2]" in output
+    # log files are plain text, and a site started with its coordinator logs no failed connection
+    # attempts up to its first round: it waited for the coordinator's port before starting its
+    # SuperNode (at the end, the SuperExec retries the SuperNode that stopped with the run)
+    for site in ("market1501", "dukemtmc"):
+        log = (out / f"site_{site}.log").read_bytes()
+        assert b"Starting Flower SuperNode" in log and b"\x1b" not in log, log[-2000:]
+        first_round = log.index(f"site {site} round 1: local training starts".encode())
+        assert b"Connection attempt failed" not in log[:first_round], log[:first_round][-4000:]
+    assert b"\x1b" not in (out / "superlink.log").read_bytes()
     time.sleep(1)
     assert processes_mentioning(str(tmp_path)) == [], "processes left behind"
