@@ -91,6 +91,11 @@ def parser() -> argparse.ArgumentParser:
         "--public-root",
         help="FedFR: this site's copy of the public face data (default: the site config's public_root)",
     )
+    p.add_argument(
+        "--impostor-roots",
+        help=f"FedFR evaluation: face_site folders (separated by {os.pathsep!r}) whose test images are this "
+        "site's non-mated probes (default: the site config's impostor_roots; none: the public images)",
+    )
     p.add_argument("--flwr-home", help="Flower home folder of this SuperNode (default: <state-dir>/flwr_home)")
     p.add_argument(
         "--no-site-process",
@@ -172,6 +177,7 @@ def main(argv: list[str] | None = None) -> None:
         reader=a.reader or site.reader,
         state_dir=str(Path(a.state_dir or site.state_dir or default_state_dir(a.site)).expanduser().resolve()),
         public_root=str(Path(public_root).expanduser().resolve()) if public_root else "",
+        impostor_roots=_absolute_roots(a.impostor_roots or site.impostor_roots),
         device=a.device,
         fault=a.fault,
     )
@@ -300,6 +306,11 @@ def check_one_batch(site: str, num_train: int, batch_size: int) -> None:
             f"({batch_size}, the run's train.batch_size; --batch-size): add images or run with a "
             "smaller train.batch_size"
         )
+
+
+def _absolute_roots(roots: str) -> str:
+    """An os.pathsep-separated list of folders, each made absolute (the site process may run elsewhere)."""
+    return os.pathsep.join(str(Path(r).expanduser().resolve()) for r in roots.split(os.pathsep) if r)
 
 
 if __name__ == "__main__":
