@@ -69,3 +69,7 @@ class ForwardingClient(NumPyClient):
             }
         )
         return arrays, int(reply["num_examples"]), metrics
+
+    def evaluate(self, parameters, config):
+        reply, _ = self._call("evaluate", parameters, config)
+        return float(reply.get("loss", 0.0)), int(reply["num_examples"]), dict(reply.get("metrics", {}))

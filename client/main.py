@@ -95,6 +95,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max-wait-time", type=float, default=300.0, help=hide)
     p.add_argument("--supernode-log", default="auto", help=hide)
     p.add_argument("--public-root", help=hide)
+    p.add_argument("--impostor-roots", help=hide)
     p.add_argument("--flwr-home", help=hide)
     p.add_argument("--no-site-process", action="store_true", help=hide)
     p.add_argument("--site-restarts", type=int, default=5, help=hide)
@@ -176,6 +177,7 @@ def site_settings(a: argparse.Namespace) -> SiteConfig:
         reader=a.reader or site.reader,
         state_dir=str(Path(a.state_dir or site.state_dir or default_state_dir(a.site)).expanduser().resolve()),
         public_root=str(Path(public_root).expanduser().resolve()) if public_root else "",
+        impostor_roots=_absolute_roots(a.impostor_roots or site.impostor_roots),
         device=a.device,
         fault=a.fault,
     )
@@ -354,6 +356,11 @@ def check_one_batch(site: str, num_train: int, batch_size: int) -> None:
             f"({batch_size}, the run's train.batch_size; --batch-size): add images or run with a "
             "smaller train.batch_size"
         )
+
+
+def _absolute_roots(roots: str) -> str:
+    """An os.pathsep-separated list of folders, each made absolute (the site process may run elsewhere)."""
+    return os.pathsep.join(str(Path(r).expanduser().resolve()) for r in roots.split(os.pathsep) if r)
 
 
 if __name__ == "__main__":

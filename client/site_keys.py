@@ -38,6 +38,11 @@ SITE_KEYS: tuple[SiteKey, ...] = (
     ),
     SiteKey("train.batch_size", "--batch-size", "the run's train.batch_size, when not 32"),
     SiteKey("fedfr.public_root", "--public-root", "FedFR: this site's copy of the public face data"),
+    SiteKey(
+        "site.impostor_roots",
+        "--impostor-roots",
+        "FedFR evaluation: face_site folders (os.pathsep-separated) whose test images are the non-mated probes",
+    ),
     SiteKey("site.data_root", "--data-root", "this site's dataset folder (default: the site's yaml)"),
     SiteKey("site.reader", "--reader", "dataset reader (default: the site's yaml)"),
     SiteKey("site.state_dir", "--state-dir", "private state: head, expert, optimizer (default: the site's yaml)"),

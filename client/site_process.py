@@ -71,7 +71,10 @@ class SiteHost:
                 "metrics": metrics,
                 "handled_seconds": time.perf_counter() - t0,
             }, out
-        raise ValueError(f"unknown operation {op!r} (expected fit, get_properties, get_parameters or ping)")
+        if op == "evaluate":
+            loss, n, metrics = site.evaluate(arrays, config)
+            return {"ok": True, "loss": float(loss), "num_examples": int(n), "metrics": metrics}, []
+        raise ValueError(f"unknown operation {op!r} (expected fit, evaluate, get_properties, get_parameters or ping)")
 
     def close(self) -> None:
         if self.site is not None:

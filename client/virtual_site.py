@@ -67,6 +67,7 @@ def virtual_node_config(cfg: ExperimentConfig, node_config: dict[str, Any]) -> d
         reader=vs.reader,
         state_dir=vs.state_dir,
         public_root=vs.public_root,
+        impostor_roots=vs.impostor_roots,
         device=vs.device or ("cuda" if cfg.engine.num_gpus > 0 else "cpu"),
     ).to_node_config()
 

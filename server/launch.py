@@ -41,6 +41,7 @@ class LocalSite:
     data_root: Path
     state_dir: Path
     public_root: Path | None = None
+    impostor_roots: tuple[Path, ...] = ()  # FedFR evaluation: the sites whose test images are non-mated probes
 
 
 def split_overrides(argv: Sequence[str]) -> tuple[list[str], list[str]]:
@@ -79,7 +80,13 @@ def simulation_overrides(sites: Sequence[LocalSite]) -> list[str]:
         ]
         if s.public_root is not None:
             out.append(f"++engine.sites.{s.name}.public_root={s.public_root}")
+        if s.impostor_roots:
+            out.append(f"++engine.sites.{s.name}.impostor_roots={_roots(s.impostor_roots)}")
     return out
+
+
+def _roots(paths: Sequence[Path]) -> str:
+    return os.pathsep.join(str(p) for p in paths)
 
 
 def loopback_address(port: int = 0) -> str:
@@ -114,6 +121,8 @@ def fedclient_cmd(
     ]
     if site.public_root is not None:
         cmd += ["--public-root", str(site.public_root)]
+    if site.impostor_roots:
+        cmd += ["--impostor-roots", _roots(site.impostor_roots)]
     cmd += [
         "--state-dir",
         str(site.state_dir),

@@ -24,6 +24,15 @@ class MetricsLog:
         if self.tensorboard is not None:
             self.tensorboard.add(row)
 
+    def update(self, rnd: int, values: dict[str, Any]) -> None:
+        """Add ``values`` to round ``rnd``'s row (a new row if there is none yet) and rewrite the files."""
+        row = next((r for r in self.rows if r["round"] == rnd), None)
+        if row is None:
+            self.add({"round": rnd, **values})
+            return
+        row.update(values)
+        self.write()
+
     def write(self) -> None:
         atomic_json_save(self.rows, self.run_dir / "metrics.json")
         keys: list[str] = []

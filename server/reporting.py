@@ -52,6 +52,9 @@ class RoundReporter:
         self.strategy_state: Callable[[], dict] = dict  # set by server_fn: what the checkpoint keeps of the strategy
         # set by server_fn: the run's last round (before `rounds` when privacy.max_epsilon stops it)
         self.last_round = cfg.rounds
+        # set by a task whose sites score the models after the last round: it marks the run completed
+        # (complete()) once their figures are in, not finish()
+        self.completes_after_sites = False
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint")
         self._pending: Future | None = None
 
@@ -139,6 +142,11 @@ class RoundReporter:
             config=self.cfg.to_dict(),
         )
         self.metrics.plot()
+        if not self.completes_after_sites:
+            self.complete()
+
+    def complete(self) -> None:
+        """``status.json``: the run is completed (fedserver ends it on reading this)."""
         status = {"status": "completed", "rounds": self.last_round}
         if self.last_round < self.cfg.rounds:
             status |= {"planned_rounds": self.cfg.rounds, "stopped_by": "privacy.max_epsilon"}

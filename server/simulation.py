@@ -147,6 +147,7 @@ def fill_virtual_sites(cfg: ExperimentConfig) -> dict[str, VirtualSiteConfig]:
                 data_root=d.data_root,
                 state_dir=d.state_dir or default_state_dir(site),
                 public_root=d.public_root,
+                impostor_roots=d.impostor_roots,
             )
         if not vs.data_root:
             raise SystemExit(f"fedserver: virtual site {site!r}: engine.sites.{site}.data_root is empty")
@@ -159,6 +160,7 @@ def fill_virtual_sites(cfg: ExperimentConfig) -> dict[str, VirtualSiteConfig]:
             data_root=_abs(vs.data_root),
             state_dir=_abs(state),
             public_root=_abs(public) if public else "",
+            impostor_roots=os.pathsep.join(_abs(r) for r in vs.impostor_roots.split(os.pathsep) if r),
             device=vs.device,
         )
     return out

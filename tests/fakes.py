@@ -229,7 +229,7 @@ def tiny_fedfr_config(roots: dict[str, Path], state: Path, **fedfr) -> Experimen
         "lr": 0.01,
         "pretrain_epochs": 1,
         "pretrain_batch_size": 8,
-        "eval_sites": {s: {"data_root": str(roots[s]), "state_dir": str(state / s)} for s in sites},
+        "eval_sites": {s: {"data_root": str(roots[s])} for s in sites},
         **fedfr,
     }
     return ExperimentConfig.from_dict(

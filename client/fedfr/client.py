@@ -20,6 +20,7 @@ Both train the same, bit for bit.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from pathlib import Path
 
@@ -30,6 +31,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from client.device_modules import DeviceModules, cpu_copy
+from client.fedfr.site_evaluation import evaluate_site, site_models
 from client.fedfr.state import FEDFR_STATE, FedFRSiteState
 from client.fedfr.train import LocalTraining, imprint, round_hard_negatives, round_learning_rate, train_local
 from client.held_state import HeldState
@@ -39,6 +41,7 @@ from client.run_end import record_round
 from client.site_settings import SiteSettings, resolve_device
 from common.config.experiment import ExperimentConfig
 from common.config.site import default_state_dir
+from common.datasets.base import Record
 from common.datasets.face_folder import FaceFolder, FaceSite
 from common.datasets.face_images import FaceImages, face_transform
 from common.evaluation.features import embed
@@ -79,6 +82,7 @@ class FedFRClient(NumPyClient):
         pool_key = (repr(cfg), self.public.num_identities, self.data.num_identities)
         self._kept = DeviceModules(self.device, hold=settings.hold_state, pool_key=pool_key)
         self._train_loader: RoundLoader | None = None  # a site process's, with persistent workers
+        self._impostors: list[list[Record]] | None = None  # the evaluation's non-mated probes, read once
 
     def close(self) -> None:
         """Wait for the last state write and stop the loader's workers (a site process ending)."""
@@ -229,6 +233,40 @@ class FedFRClient(NumPyClient):
             **{k: float(v) for k, v in stats.items() if np.isfinite(v)},
         }
         return to_wire(self.manifest, get_shared(model, self.manifest, copy=False)), own, metrics  # one copy
+
+    def evaluate(self, parameters, config):
+        """Personalised evaluation where the data is (``client/fedfr/site_evaluation.py``): the global
+        model sent, and the site's Theta_l and [Theta_l, Pi_l] of its last state; metrics only."""
+        self._check(config)
+        parameters = from_wire(self.manifest, parameters, who=f"site {self.s.site}: the coordinator's parameters")
+        if self.cfg.train.threads > 0:
+            torch.set_num_threads(self.cfg.train.threads)
+        self._held.flush()  # the last round's state is on disk
+        st = FEDFR_STATE.load(
+            self.state_dir,
+            site=self.s.site,
+            manifest_hash=self.manifest.hash,
+            public_hash=self.public.identity_hash(),
+            num_local=self.data.num_identities,
+        )
+        global_model = fedfr_model(self.f, self.public.num_identities, 0)
+        set_shared(global_model, self.manifest, parameters)
+        site_model = None
+        if st is not None and st.model is not None:
+            site_model = self._model()
+            site_model.load_state_dict(st.model)
+        models = site_models(global_model, site_model)
+        metrics = evaluate_site(self.cfg, self.s.site, self.data, self.impostors(), models, self.device)
+        log.info("site %s: personalised evaluation of %s", self.s.site, ", ".join(models))
+        return 0.0, len(self.data.test), {"site": self.s.site, **metrics}
+
+    def impostors(self) -> list[list[Record]]:
+        """The non-mated probes: the test images of the sites named by ``impostor_roots`` (in that
+        order), else every public image."""
+        if self._impostors is None:
+            roots = [r for r in self.s.impostor_roots.split(os.pathsep) if r]
+            self._impostors = [FaceSite(r).test for r in roots] or [list(self.public.records)]
+        return self._impostors
 
     def _check(self, config) -> None:
         f = self.f

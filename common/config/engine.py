@@ -25,6 +25,7 @@ class VirtualSiteConfig:
     data_root: str = ""  # the site's private data
     state_dir: str = ""  # the site's private state (head, expert, optimizer); one folder per site
     public_root: str = ""  # FedFR: the site's copy of the public face data ("" = fedfr.public_root)
+    impostor_roots: str = ""  # FedFR evaluation: the non-mated probes' site folders (conf/site: impostor_roots)
     device: str = ""  # "" = cuda when engine.num_gpus > 0, else cpu
 
 

@@ -103,8 +103,13 @@ class FedFRConfig:
     # paper's scale (every other site's test images), so points down to 1e-4 (~16 probes) are measurable.
     personal_fpir_targets: list[float] = field(default_factory=lambda: [1e-4, 1e-3, 1e-2, 1e-1])
     ranks: list[int] = field(default_factory=lambda: [1, 5, 10])
-    # Personalised protocol: site -> {data_root, state_dir}; a site not listed is read from
-    # conf/site/<site>.yaml. Each site's data_root holds train/ (registered) and test/ (probes).
+    # The personalised protocol runs at the sites, in Flower's evaluate round: after every
+    # personal_every rounds (0 = none but the last) and after the last round, every site scores the
+    # global model, its Theta_l and [Theta_l, Pi_l] on its own identities (client/fedfr/site_evaluation.py).
+    personal_every: int = 0
+    # The offline scorer's generic models on the personalised protocol (a one-machine run): site ->
+    # {data_root}; a site not listed is read from conf/site/<site>.yaml. Each site's data_root holds
+    # train/ (registered) and test/ (probes).
     eval_sites: dict[str, dict[str, str]] = field(default_factory=dict)
     max_genuine_pairs_per_site: int = 0  # 0 = every same-identity pair of a site's test images
 
@@ -151,9 +156,11 @@ class FedFRConfig:
                 raise bad(key, "a non-empty list of rates in (0, 1)", getattr(self, key))
         if any(k < 1 for k in self.ranks):
             raise bad("ranks", "ranks >= 1", self.ranks)
+        if self.personal_every < 0:
+            raise bad("personal_every", "rounds >= 0 (0 = after the last round only)", self.personal_every)
         for site, d in self.eval_sites.items():
-            if not isinstance(d, dict) or not set(d) <= {"data_root", "state_dir"}:
-                raise bad(f"eval_sites.{site}", "a mapping with data_root and state_dir", d)
+            if not isinstance(d, dict) or not set(d) <= {"data_root"}:
+                raise bad(f"eval_sites.{site}", "a mapping with data_root", d)
 
 
 def check_lr_milestones(milestones: list[int], rounds: int) -> None:

@@ -19,7 +19,7 @@ from common.config.compose import conf_dir, site_names
 from common.config.experiment import check_site_name
 from common.config.structured import build
 
-YAML_KEYS = ("name", "reader", "data_root", "state_dir", "public_root")  # conf/site/<name>.yaml
+YAML_KEYS = ("name", "reader", "data_root", "state_dir", "public_root", "impostor_roots")  # conf/site/<name>.yaml
 REQUIRED_YAML_KEYS = ("name", "reader", "data_root")
 
 
@@ -37,6 +37,9 @@ class SiteConfig:
     reader: str = "market1501"  # common.datasets.READERS or a face reader
     state_dir: str = ""  # the site's private state (head, expert, optimizer); "" = default_state_dir
     public_root: str = ""  # FedFR: the site's copy of the public face data ("" = the run's fedfr.public_root)
+    # FedFR's personalised evaluation: face_site folders (os.pathsep-separated) whose test/ images are
+    # this site's non-mated probes (the paper's protocol: the other sites'); "" = the public images
+    impostor_roots: str = ""
     device: str = "cpu"  # torch device of local training (cpu, cuda, cuda:1, auto)
     fault: str = ""  # fault injection for tests only (client/faults.py); empty on a real site
     # a long-lived site process: keep the last state, the modules on the device and the loader's
@@ -55,6 +58,7 @@ class SiteConfig:
         "state_dir": "state-dir",
         "device": "device",
         "public_root": "public-root",
+        "impostor_roots": "impostor-roots",
         "fault": "fault",
         "hold_state": "hold-state",
         "site_socket": "site-socket",

@@ -22,6 +22,7 @@ from common.params import get_shared
 from common.seeding import seed_everything
 from server.fedfr.evaluate import GenericEvaluator
 from server.fedfr.pretrain import load_pretrained, pretrained_path
+from server.fedfr.site_evaluation import SiteEvaluation
 from server.fedfr.strategy import FedFRStrategy
 from server.reporting import RoundReporter
 from server.run_setup import resume_checkpoint, run_components
@@ -66,4 +67,5 @@ def build_components(cfg: ExperimentConfig) -> ServerAppComponents:
         settings=settings_from_config(cfg, ck, fit_config={"public_hash": ckpt["public_hash"]}),
         on_round_end=reporter,
     )
+    strategy.site_evaluation = SiteEvaluation(cfg, reporter)  # personalised evaluation at the sites
     return run_components(cfg, strategy, reporter, ck)

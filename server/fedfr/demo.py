@@ -6,7 +6,9 @@
 2. ``fedserver experiment=fedfr-demo fedfr.stage=pretrain``: the generic model Theta_g^0, Phi_g;
 3. ``fedserver experiment=fedfr-demo`` and one ``fedclient --site faceN`` per site on loopback;
 4. the FedFR evaluation (``server.fedfr.evaluate.fedfr_eval_main``): generic (IJB-C style) and
-   personalised tables in the run folder.
+   personalised tables in the run folder (the personalised figures of the sites' own models are
+   those the sites reported after the last round; each site's non-mated probes are the other
+   sites' test images, as in the paper).
 
     python -m server.fedfr.demo [--out runs/fedfr-demo] [--sites face1 face2 face3 face4 | --sites N]
                                [--engine deployment|simulation] [HYDRA_OVERRIDES...]
@@ -161,7 +163,6 @@ def run_overrides(
         f"fedfr.public_root={roots['public']}",
         f"fedfr.ijbc_root={roots['ijbc']}",
         *[f"++fedfr.eval_sites.{s.name}.data_root={s.data_root}" for s in sites],
-        *[f"++fedfr.eval_sites.{s.name}.state_dir={s.state_dir}" for s in sites],
         *(simulation_overrides(sites) if a.engine == "simulation" else []),
         *overrides,
     ]
@@ -178,8 +179,19 @@ def _scored_on_sites(
 
 
 def local_sites(out: Path, roots: dict[str, Path], names: list[str]) -> list[LocalSite]:
-    """The demo's sites: their split of the faces, their state under ``out/state``, the public set."""
-    return [LocalSite(s, "face_site", roots[s], out / "state" / s, public_root=roots["public"]) for s in names]
+    """The demo's sites: their split of the faces, their state under ``out/state``, the public set, and
+    the other sites' folders, whose test images are a site's non-mated probes (the paper's protocol)."""
+    return [
+        LocalSite(
+            s,
+            "face_site",
+            roots[s],
+            out / "state" / s,
+            public_root=roots["public"],
+            impostor_roots=tuple(roots[o] for o in names if o != s),
+        )
+        for s in names
+    ]
 
 
 def pretrain(overrides: list[str], out: Path, timeout_s: float, cache: Path | None = None) -> int:

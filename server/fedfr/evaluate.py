@@ -1,16 +1,20 @@
 """FedFR evaluation: the generic model on IJB-C (1:1, 1:N) and the personalised models per site.
 
-``fedfr_eval_main(cfg)`` (what ``fedeval task=fedfr ...`` calls) scores, from ``cfg.run_dir``:
+``fedfr_eval_main(cfg)`` (what ``fedeval task=fedfr ...`` calls) reports, for ``cfg.run_dir``:
 
     pretrained Theta_g^0        fedfr.pretrained (default <run_dir>/pretrained.pt)
     FedFR Theta_g               <run_dir>/global_final.pt (else global_latest.pt)
-    local Theta_l               each site's saved backbone (diagnostic: no DFC)
-    personalised [Theta_l, Pi_l]  each site's saved state: f' = Pi(Theta_l(x))
+    local Theta_l               each site's backbone (diagnostic: no DFC)       } scored by the sites
+    personalised [Theta_l, Pi_l]  each site's personalised model f' = Pi(Theta_l(x)) } themselves
 
-on the generic protocol (``fedfr.ijbc_root``; the generic models only) and the personalised one
-(``cfg.sites``, data and state folders from ``fedfr.eval_sites`` or ``conf/site/<site>.yaml``),
-prints both tables and writes ``fedfr_eval.{json,md}`` and ``fedfr_eval_{generic,personalised}.csv``
-into the run folder. Protocols: ``common.evaluation.fedfr_protocols``.
+the generic models on the generic protocol (``fedfr.ijbc_root``), and every model on the
+personalised one: the sites' own figures of the run's last round (``fedfr_site_eval.json``,
+``server/fedfr/site_evaluation.py``: the sites score in Flower's evaluate round, nothing here reads
+a site's state), and, for a generic model the sites did not score, the same site-side scoring code
+(``common/evaluation/fedfr_site_scoring.py``) on the sites' data folders when this machine has them
+(a one-machine run: ``fedfr.eval_sites`` or ``conf/site/<site>.yaml``). It prints both tables and
+writes ``fedfr_eval.{json,md}`` and ``fedfr_eval_{generic,personalised}.csv`` into the run folder.
+Protocols: ``common.evaluation.fedfr_protocols``.
 
     fedeval task=fedfr run_dir=runs/fedfr-demo       (the run's config.json, written by fedserver)
     python -m server.fedfr.evaluate run_dir=RUN [KEY=VALUE ...]   (the same; KEY=VALUE overrides it)
@@ -32,7 +36,6 @@ import numpy as np
 import torch
 from torch import nn
 
-from client.fedfr.state import FEDFR_STATE
 from common.checkpoint import UnsafeCheckpointError, atomic_json_save, atomic_write_bytes, torch_load
 from common.config.experiment import ExperimentConfig
 from common.config.fedfr import FedFRConfig
@@ -41,17 +44,17 @@ from common.datasets.ijbc import LANDMARKS_FILE, IJBCMeta, read_ijbc_meta
 from common.datasets.ijbc_images import IJBCImages
 from common.evaluation.features import embed, embed_dataset_chunks
 from common.evaluation.fedfr_protocols import (
-    SiteFeatures,
     generic_headline,
     ijbc_identification,
     ijbc_verification,
     mean_over_sites,
-    personalised_site_metrics,
     template_features,
 )
+from common.evaluation.fedfr_site_scoring import score_site
 from common.models.fedfr import FedFRModel, expected_fedfr_manifest, fedfr_model
 from common.params import set_shared
 from server.fedfr.pretrain import load_pretrained, pretrained_path
+from server.fedfr.site_evaluation import SITE_EVAL_FILE
 
 log = logging.getLogger("fedserver")
 
@@ -131,68 +134,66 @@ def generic_protocol(meta: IJBCMeta, f: FedFRConfig) -> dict[str, object]:
 class EvalSite:
     name: str
     data: FaceSite
-    state_dir: str
 
 
 def eval_sites(cfg: ExperimentConfig) -> list[EvalSite]:
-    from common.config.site import default_state_dir, load_site
+    """Every site's data folder on this machine (``fedfr.eval_sites``, else ``conf/site/<site>.yaml``)."""
+    from common.config.site import load_site
 
     out = []
     for s in cfg.sites:
         d = cfg.fedfr.eval_sites.get(s) or dataclasses.asdict(load_site(s))
-        out.append(EvalSite(s, FaceSite(d["data_root"]), str(d.get("state_dir") or default_state_dir(s))))
+        out.append(EvalSite(s, FaceSite(d["data_root"])))
     return out
 
 
 def personalised_metrics(
     models: Sequence[nn.Module] | nn.Module, sites: list[EvalSite], cfg: ExperimentConfig, device: torch.device
 ) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
-    """Mean over sites and per-site metrics; ``models``: one per site, or one for all."""
+    """Mean over sites and per-site metrics, by the sites' own scoring code with every site's test
+    images as the others' non-mated probes; ``models``: one per site, or one for all (each image
+    set is then embedded once)."""
     f = cfg.fedfr
     kw = {"image_size": f.image_size, "batch_size": cfg.eval.batch_size, "device": device}
     shared = isinstance(models, nn.Module)
-    cache: dict[int, list[np.ndarray]] = {}
+    cache: dict[tuple[int, int], np.ndarray] = {}
 
-    def probes(model: nn.Module) -> list[np.ndarray]:
-        if id(model) not in cache:
-            cache[id(model)] = [embed(model, s.data.test, **kw) for s in sites]
-        return cache[id(model)]
+    def embed_fn(model: nn.Module, records) -> np.ndarray:
+        key = (id(model), id(records))
+        if key not in cache:
+            cache[key] = embed(model, records, **kw)
+        return cache[key]
 
     per_site = {}
     for i, s in enumerate(sites):
         model = models if shared else models[i]
-        sf = SiteFeatures(
-            embed(model, s.data.train, **kw),
-            np.array([r.pid for r in s.data.train]),
-            probes(model),
-            [np.array([r.pid for r in t.data.test]) for t in sites],
-        )
+        others = [t.data.test for j, t in enumerate(sites) if j != i]
+        per_site[s.name] = score_site({"m": model}, s.data, others, i, f, embed_fn)["m"]
         if not shared:
             cache.clear()  # a site's own model embeds every site's probes once
-        per_site[s.name] = personalised_site_metrics(
-            i, sf, f.far_targets, f.personal_fpir_targets, f.ranks, f.max_genuine_pairs_per_site
-        )
     return mean_over_sites(per_site), per_site
 
 
-def site_models(sites: list[EvalSite], f: FedFRConfig, num_public: int) -> tuple[list, list] | None:
-    """Each site's [Theta_l] and [Theta_l, Pi_l] from its saved state (None if a site has none)."""
-    local, personal = [], []
-    manifest_hash = expected_fedfr_manifest(f, num_public).hash
-    for s in sites:
-        # a state of another model or another number of identities is a clear error, not a shape mismatch
-        st = FEDFR_STATE.load(s.state_dir, site=s.name, manifest_hash=manifest_hash, num_local=s.data.num_identities)
-        if st is None or st.model is None:
-            print(f"fedeval: site {s.name} has no FedFR state in {s.state_dir}: no personalised rows", flush=True)
-            return None
-        m = fedfr_model(f, num_public, s.data.num_identities)
-        m.load_state_dict(st.model)
-        local.append(m.backbone)
-        personal.append(nn.Sequential(m.backbone, m.dfc.transform))  # f' = Pi(Theta_l(x))
-    return local, personal
+def sites_report(run_dir: Path, sites: list[str], final_round: int | None) -> dict | None:
+    """The sites' own figures of the run's last round (``fedfr_site_eval.json``), or None (with a
+    line saying why) when there are none for these sites and this model."""
+    path = run_dir / SITE_EVAL_FILE
+    if not path.is_file():
+        print(f"fedeval: no {SITE_EVAL_FILE} in {run_dir}: the sites reported no personalised figures", flush=True)
+        return None
+    report = json.loads(path.read_text())
+    if sorted(report.get("sites", [])) != sorted(sites) or report.get("round") != final_round:
+        print(
+            f"fedeval: {path} holds the figures of sites {report.get('sites')} after round {report.get('round')}, "
+            f"not of sites {sorted(sites)} after the final model's round {final_round}: not reported",
+            flush=True,
+        )
+        return None
+    return report
 
 
-def load_global(path: Path, f: FedFRConfig, num_public: int) -> FedFRModel:
+def load_global(path: Path, f: FedFRConfig, num_public: int) -> tuple[FedFRModel, int]:
+    """The global model of a checkpoint and the round it ended."""
     ckpt = torch_load(path)
     model = fedfr_model(f, num_public, 0)
     state = dict(ckpt["state_dict_shared"])
@@ -200,7 +201,7 @@ def load_global(path: Path, f: FedFRConfig, num_public: int) -> FedFRModel:
     missing = set(expected_fedfr_manifest(f, num_public).keys) - set(state)
     if missing:
         raise ValueError(f"{path} lacks {sorted(missing)[:3]}...: not a FedFR global model of this config")
-    return model
+    return model, int(ckpt["round"])
 
 
 def fedfr_eval_main(cfg: ExperimentConfig) -> int:
@@ -216,8 +217,10 @@ def fedfr_eval_main(cfg: ExperimentConfig) -> int:
         num_public = m0.num_public
         generic["pretrained Theta_g^0"] = m0.backbone
     final = next((p for p in (run_dir / "global_final.pt", run_dir / "global_latest.pt") if p.is_file()), None)
+    final_round = None
     if final is not None and num_public:
-        generic["FedFR Theta_g"] = load_global(final, f, num_public).backbone
+        model, final_round = load_global(final, f, num_public)
+        generic["FedFR Theta_g"] = model.backbone
     if not generic:
         print(f"fedeval: no FedFR model in {run_dir} (pretrained.pt / global_final.pt)", file=sys.stderr)
         return 1
@@ -227,13 +230,19 @@ def fedfr_eval_main(cfg: ExperimentConfig) -> int:
         results["generic_protocol"] = generic_protocol(meta, f)
         for name, bb in generic.items():
             results["generic"][name] = generic_metrics(bb, meta, cfg, device)
-    sites = eval_sites(cfg)
-    rows: dict[str, nn.Module | list] = dict(generic)
-    pm = site_models(sites, f, num_public)
-    if pm is not None:
-        rows["local Theta_l"], rows["personalised [Theta_l, Pi_l]"] = pm
-    for name, models in rows.items():
-        mean, per_site = personalised_metrics(models, sites, cfg, device)
+    report = sites_report(run_dir, list(cfg.sites), final_round) if final_round is not None else None
+    reported = report["personalised"] if report else {}
+    for name in [*generic, *reported]:
+        if name in reported:
+            results["personalised"][name] = reported[name]
+            results["personalised_per_site"][name] = report["personalised_per_site"][name]
+            continue
+        try:
+            sites = eval_sites(cfg)
+        except (OSError, ValueError) as e:
+            print(f"fedeval: {name} not scored on the personalised protocol here: {e}", flush=True)
+            continue
+        mean, per_site = personalised_metrics(generic[name], sites, cfg, device)
         results["personalised"][name] = mean
         results["personalised_per_site"][name] = per_site
     write_reports(results, run_dir, f)

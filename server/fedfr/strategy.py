@@ -19,8 +19,11 @@ from __future__ import annotations
 import logging
 from dataclasses import replace
 
-from flwr.common import FitRes
+from flwr.common import EvaluateIns, EvaluateRes, FitRes, Parameters, Scalar
+from flwr.server.client_manager import ClientManager
+from flwr.server.client_proxy import ClientProxy
 
+from server.fedfr.site_evaluation import SiteEvaluation
 from server.site_metrics import FEDFR_SITE_METRICS
 from server.strategy import FedReIDStrategy
 from server.strategy_settings import StrategySettings
@@ -30,6 +33,7 @@ log = logging.getLogger("fedserver")
 
 class FedFRStrategy(FedReIDStrategy):
     SITE_METRICS = FEDFR_SITE_METRICS  # the metric keys FedFR sites may report
+    site_evaluation: SiteEvaluation | None = None  # the personalised evaluation at the sites (set by the ServerApp)
 
     def __init__(self, *, settings: StrategySettings, **kwargs) -> None:
         """Arguments as FedReIDStrategy's; ``settings.weighted`` is left None (always by own image count)."""
@@ -60,3 +64,28 @@ class FedFRStrategy(FedReIDStrategy):
                 "strategy.site_images" if site in self.site_images else "its first count",
             )
         return count
+
+    def configure_evaluate(
+        self, server_round: int, parameters: Parameters, client_manager: ClientManager
+    ) -> list[tuple[ClientProxy, EvaluateIns]]:
+        """The sites score their personalised models (``server/fedfr/site_evaluation.py``)."""
+        if self.site_evaluation is None:
+            return []
+        named = self.roster.update(client_manager.all())
+        config = {"manifest_hash": self.manifest.hash, **self.fit_config}
+        return self.site_evaluation.configure(self.true_round(server_round), parameters, named, config)
+
+    def aggregate_evaluate(
+        self,
+        server_round: int,
+        results: list[tuple[ClientProxy, EvaluateRes]],
+        failures: list[tuple[ClientProxy, EvaluateRes] | BaseException],
+    ) -> tuple[float | None, dict[str, Scalar]]:
+        if self.site_evaluation is None:
+            return None, {}
+        for f in failures:
+            log.warning(
+                "round %d: a site's evaluation failed: %s", self.true_round(server_round), self._describe_failure(f)
+            )
+        named = [(self.roster.site_of(proxy.cid), res) for proxy, res in results]
+        return None, self.site_evaluation.aggregate(self.true_round(server_round), named, len(failures))

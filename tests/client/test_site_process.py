@@ -189,3 +189,22 @@ def test_supervisor_restarts_a_dead_site_process_a_bounded_number_of_times(tmp_p
     assert "restart 2 of 2" in lines[1] and "giving up" in lines[2]
     with pytest.raises(ValueError, match="--site-restarts must be >= 0"):
         SiteSupervisor("s1", cmd, {}, max_restarts=-1)
+
+
+def test_an_evaluate_message_reaches_the_site_process_and_only_metrics_come_back(tmp_path):
+    """Flower's evaluate round on a site with a site process: the forwarder passes the arrays, the
+    site process runs the site's ``evaluate`` and the reply is (loss, count, metrics), no arrays."""
+    from client.forward import ForwardingClient
+    from client.site_process import SiteHost
+
+    class Site:
+        def evaluate(self, arrays, config):
+            return 0.0, int(arrays[0].sum()), {"site": "s1", "personal/rank-1": 0.75, "round": config["server_round"]}
+
+    host = SiteHost({"site": "s1"})
+    host.site, host.experiment = Site(), "{}"
+    serve_once(tmp_path / "site.sock", host.handle)
+    loss, n, metrics = ForwardingClient(str(tmp_path / "site.sock"), "{}", site="s1").evaluate(
+        [np.arange(4, dtype=np.int64)], {"server_round": 3}
+    )
+    assert (loss, n, metrics) == (0.0, 6, {"site": "s1", "personal/rank-1": 0.75, "round": 3})

@@ -4,10 +4,18 @@ import json
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
+import torch
+from torch import nn
 
 from common.checkpoint import torch_load
+from common.config.experiment import ExperimentConfig
+from common.datasets.face_folder import FaceSite
+from common.evaluation.features import embed
+from common.models.fedfr import fedfr_model
 from tests.federation import tiny_fedfr_demo
+from tests.fedfr_brute_force import brute_force_site
 from tests.procutil import processes_mentioning, run_to_end
 
 REPO = Path(__file__).resolve().parents[2]
@@ -47,5 +55,49 @@ def test_fedfr_two_sites_one_round(tmp_path):
     for name in ("fedfr_eval.md", "fedfr_eval_generic.csv", "fedfr_eval_personalised.csv"):
         assert (out / name).stat().st_size > 100
     assert "Personalised protocol" in output and "[round 1/1]" in output
+    check_site_figures(out, r, report)
     time.sleep(1)
     assert processes_mentioning(str(tmp_path)) == [], "processes left behind"
+
+
+def check_site_figures(out: Path, row: dict, report: dict) -> None:
+    """Each site scored its models in Flower's evaluate round (its own process, its own data and
+    state); what reached the coordinator equals a brute-force computation on that site's data and
+    models, and is what the evaluation reports."""
+    cfg = ExperimentConfig.from_dict(json.loads((out / "config.json").read_text()))
+    f = cfg.fedfr
+    num_public = torch_load(out / "pretrained.pt")["public_proxies"].shape[0]
+    generic = fedfr_model(f, num_public, 0)
+    generic.load_state_dict(torch_load(out / "global_final.pt")["state_dict_shared"], strict=False)
+    kw = {"image_size": f.image_size, "batch_size": cfg.eval.batch_size, "device": torch.device("cpu")}
+    clients = out / "data" / "split" / "clients"
+    assert set(row["site_eval"]) == {"face1", "face2"} and row["site_eval_failures"] == 0
+    for site, other in (("face1", "face2"), ("face2", "face1")):
+        got = row["site_eval"][site]
+        own, others = FaceSite(clients / site), FaceSite(clients / other).test
+        st = torch_load(out / "state" / site / "fedfr_state.pt")
+        m = fedfr_model(f, num_public, own.num_identities)
+        m.load_state_dict(st["model"])
+        models = {
+            "global": generic.backbone,
+            "local": m.backbone,
+            "personal": nn.Sequential(m.backbone, m.dfc.transform),
+        }
+        assert got["impostor_images"] == len(others) and got["test_images"] == len(own.test)
+        for name, model in models.items():
+            bf = brute_force_site(
+                embed(model, own.train, **kw),
+                np.array([x.pid for x in own.train]),
+                embed(model, own.test, **kw),
+                np.array([x.pid for x in own.test]),
+                embed(model, others, **kw),
+                f.far_targets,
+            )
+            assert got["genuine_pairs"] == bf["genuine_pairs"] > 0
+            assert got[f"{name}/rank-1"] == bf["rank-1"], (site, name)
+            for a in f.far_targets:
+                k = f"TAR@FAR={a:g}"
+                assert got[f"{name}/{k}"] == pytest.approx(bf[k], abs=1.01 / bf["genuine_pairs"]), (site, name, k)
+    mean = np.mean([row["site_eval"][s]["personal/rank-1"] for s in ("face1", "face2")])
+    assert row["personal/personal/rank-1"] == pytest.approx(mean)
+    assert report["personalised"]["personalised [Theta_l, Pi_l]"]["rank-1"] == pytest.approx(mean)

@@ -147,7 +147,10 @@ def test_four_virtual_fedfr_sites(tmp_path):
         assert 0.0 <= r["ijbc/R1"] <= 1.0
     for s in sites:
         assert (out / "state" / s / "fedfr_state.pt").is_file()
-    report = json.loads((out / "fedfr_eval.json").read_text())  # the evaluation read the virtual sites' state
+    # the virtual sites scored their personalised models in the evaluate round after the last one
+    assert set(rows[-1]["site_eval"]) == set(sites) and "personal/personal/rank-1" in rows[-1]
+    assert all(rows[-1]["site_eval"][s]["impostor_images"] == 3 * 2 * 3 for s in sites)  # 3 other sites' tests
+    report = json.loads((out / "fedfr_eval.json").read_text())
     assert set(report["personalised_per_site"]["personalised [Theta_l, Pi_l]"]) == set(sites)
     assert_nothing_left(tmp_path, output)
 
