@@ -16,6 +16,7 @@ from common.params import Manifest
 from server.checkpoint import ServerCheckpoint, load_server_checkpoint, restore_rng
 from server.dp import DPSettings, dp_settings
 from server.reporting import RoundReporter
+from server.secure_aggregation import secagg_settings
 from server.sites import SITE_NODES, load_site_nodes
 from server.strategy import FedReIDStrategy
 
@@ -48,6 +49,7 @@ def strategy_settings(cfg: ExperimentConfig, ck: ServerCheckpoint | None) -> dic
         "wait_for_sites_s": cfg.wait_for_sites_s,
         "noise_secret": run_noise_secret(ck),
         "dp": dp_settings(cfg),
+        "secagg": secagg_settings(cfg),
     }
 
 

@@ -129,6 +129,17 @@ class PrivacyConfig:
     delta: float = 0.0  # 0: 1 / identities^1.1
     identities: int = 0  # identities (people) in the whole federation: the default delta's rule
     max_epsilon: float = 0.0  # > 0: the run stops before the first round whose epsilon would exceed it
+    # Secure aggregation (SecAgg+, docs/privacy.md): the coordinator learns only the sum of the sites'
+    # updates of the shared parameters. Each value of a site's update is clipped to
+    # [-secagg_clip_range, secagg_clip_range] and quantised to secagg_quantization_range levels; each
+    # site's mask key is split into secagg_shares shares (> 2: a count; in (0, 1]: that fraction of the
+    # round's sites), secagg_threshold of which (>= 2: a count; in (0, 1]: that fraction of the shares)
+    # rebuild it, so that the sum survives sites that drop out after the key exchange
+    secure_aggregation: bool = False
+    secagg_clip_range: float = 8.0
+    secagg_quantization_range: int = 4194304  # 2**22
+    secagg_shares: float = 1.0
+    secagg_threshold: float = 0.67
 
 
 @dataclass
@@ -288,6 +299,52 @@ class ExperimentConfig:
         if MODES[self.strategy.mode].own_embedding:
             raise bad("strategy.mode", "a mode that averages an update with privacy.dp", self.strategy.mode)
 
+    def _validate_secure_aggregation(self, bad: Any) -> None:
+        """What secure aggregation rules out: anything that needs one site's update in the clear."""
+        p, st = self.privacy, self.strategy
+        clear = "with privacy.secure_aggregation (the coordinator sees only the sum of the updates)"
+        if st.aggregation != "mean":
+            raise bad(
+                "strategy.aggregation", f"mean {clear}; a median or trimmed mean needs each update", st.aggregation
+            )
+        if st.norm_action == "reject" and st.norm_bound > 0:
+            raise bad(
+                "strategy.norm_action",
+                f"clip or strategy.norm_bound=0 {clear}; rejecting a reply by its norm needs each update "
+                "(privacy=dp: each site clips its own update to privacy.clip_norm)",
+                st.norm_action,
+            )
+        if MODES[st.mode].own_embedding:
+            raise bad("strategy.mode", f"a mode that averages an update {clear}", st.mode)
+        if self.sites_per_round < 2:
+            raise bad(
+                "strategy.fraction / sites",
+                f"at least 2 sites per round {clear}: a sum of one update is that update",
+                self.sites_per_round,
+            )
+        if self.task == "fedfr" and any(site not in st.site_images for site in self.sites):
+            raise bad(
+                "strategy.site_images",
+                f"every site's own image count {clear}: each site applies its weight under the mask",
+                sorted(st.site_images),
+            )
+        if not p.secagg_clip_range > 0:
+            raise bad("privacy.secagg_clip_range", "a range R > 0", p.secagg_clip_range)
+        if not 1 < p.secagg_quantization_range < 2**31 // max(1, len(self.sites)):
+            raise bad(
+                "privacy.secagg_quantization_range",
+                "levels Q in (1, 2**31 / sites) (the masked sum runs modulo 2**32)",
+                p.secagg_quantization_range,
+            )
+        if not (0 < p.secagg_shares <= 1 or (p.secagg_shares > 2 and float(p.secagg_shares).is_integer())):
+            raise bad("privacy.secagg_shares", "a fraction in (0, 1] or a whole count > 2", p.secagg_shares)
+        if not (0 < p.secagg_threshold <= 1 or (p.secagg_threshold >= 2 and float(p.secagg_threshold).is_integer())):
+            raise bad("privacy.secagg_threshold", "a fraction in (0, 1] or a whole count >= 2", p.secagg_threshold)
+        if p.secagg_shares > 2 and p.secagg_threshold >= p.secagg_shares:
+            raise bad(
+                "privacy.secagg_threshold", f"fewer than privacy.secagg_shares={p.secagg_shares:g}", p.secagg_threshold
+            )
+
     def validate(self) -> None:
         def bad(key: str, expected: str, found: Any) -> ValueError:
             return ValueError(f"config {key}: expected {expected}, found {found!r}")
@@ -320,6 +377,8 @@ class ExperimentConfig:
             raise bad("privacy.beta", "beta in [0, 1]", self.privacy.beta)
         if self.privacy.dp:
             self._validate_dp(bad)
+        if self.privacy.secure_aggregation:
+            self._validate_secure_aggregation(bad)
         if self.train.unit not in ("epoch", "step"):
             raise bad("train.unit", "epoch or step", self.train.unit)
         if self.rounds < 1:
