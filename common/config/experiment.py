@@ -130,15 +130,17 @@ class PrivacyConfig:
     identities: int = 0  # identities (people) in the whole federation: the default delta's rule
     max_epsilon: float = 0.0  # > 0: the run stops before the first round whose epsilon would exceed it
     # Secure aggregation (SecAgg+, docs/privacy.md): the coordinator learns only the sum of the sites'
-    # updates of the shared parameters. Each value of a site's update is clipped to
-    # [-secagg_clip_range, secagg_clip_range] and quantised to secagg_quantization_range levels; each
-    # site's mask key is split into secagg_shares shares (> 2: a count; in (0, 1]: that fraction of the
-    # round's sites), secagg_threshold of which (>= 2: a count; in (0, 1]: that fraction of the shares)
-    # rebuild it, so that the sum survives sites that drop out after the key exchange
+    # updates of the shared parameters (`privacy=secagg`)
     secure_aggregation: bool = False
-    secagg_clip_range: float = 8.0
-    secagg_quantization_range: int = 4194304  # 2**22
-    secagg_shares: float = 1.0
+    secagg_clip_range: float = 8.0  # R: each value of a site's update is clipped to [-R, R] before quantisation
+    secagg_quantization_range: int = (
+        4194304  # Q: quantisation levels over [-R, R] (2**22); the error of a mean is below 2R/Q
+    )
+    secagg_shares: float = (
+        1.0  # shares of each site's mask key: > 2 a count, in (0, 1] that fraction of the round's sites
+    )
+    # shares that rebuild a key (>= 2 a count, in (0, 1] that fraction of the shares): the sum survives sites
+    # that drop out after the key exchange while every site keeps this many live neighbours
     secagg_threshold: float = 0.67
 
 
