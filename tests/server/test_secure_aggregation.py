@@ -23,6 +23,8 @@ from flwr.server.client_manager import SimpleClientManager
 from client.secagg_flower import SECAGG_RECORD
 from client.secure_aggregation_mod import secure_aggregation_mod, secure_update_mod
 from common.params import from_wire, to_wire
+from server.aggregate import capped_weights
+from server.fedfr.strategy import FedFRStrategy
 from server.secure_aggregation import SecAggSettings
 from server.strategy import FedReIDStrategy
 from tests.fakes import MAN, STRATEGY_SITES, fit_res, manager_of, named_results, unpacked
@@ -143,10 +145,14 @@ def strategy(cls=FedReIDStrategy, **kw):
     )
 
 
-def secure_round(dead_after=None, **kw):
+class RecordingFedFR(Recording, FedFRStrategy):
+    pass
+
+
+def secure_round(dead_after=None, cls=Recording, **kw):
     sites = {nid: Site(name) for nid, name in zip((11, 12, 13, 14), STRATEGY_SITES)}
     grid = LoopbackGrid(sites, dead_after)
-    s = strategy(Recording, secagg=SETTINGS, **kw)
+    s = strategy(cls, secagg=SETTINGS, **kw)
     base = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config={})
     legacy = LegacyContext(base, config=ServerConfig(num_rounds=1), strategy=s, client_manager=SimpleClientManager())
     SETTINGS.workflow()(grid, legacy)
@@ -234,6 +240,21 @@ def test_paper_sampling_trains_everyone_and_sums_only_the_sampled():
     assert len(chosen) == 2 and s.records[1].averaged == sorted(chosen)
     for g, w in zip(unpacked(MAN, s.result[0]), plain_round(STRATEGY_SITES, fraction=0.5)):
         np.testing.assert_allclose(g, w, rtol=0, atol=bound(4, 2))
+
+
+def test_fedfr_weights_travel_under_the_mask():
+    # the registry's counts, capped at 10 x the lower median (20): msmt17 weighs 200, not 1000
+    counts = {"cuhk03": 10, "dukemtmc": 20, "market1501": 30, "msmt17": 1000}
+    s, _, _ = secure_round(cls=RecordingFedFR, site_images=counts)
+    w = dict(zip(STRATEGY_SITES, capped_weights([counts[x] for x in STRATEGY_SITES], 10.0)))
+    assert w["msmt17"] == 200.0
+    by_hand = [
+        i + sum(w[x] * DELTAS[x][k].astype(np.float64) for x in STRATEGY_SITES) / sum(w.values())
+        for k, i in enumerate(INITIAL)
+    ]
+    # the scales s_k = w_k / mean(w) sum to 4: the mean's error stays below 4 quanta / 4
+    for g, h in zip(unpacked(MAN, s.result[0]), by_hand):
+        np.testing.assert_allclose(g, h, rtol=0, atol=bound(4, 4))
 
 
 def test_a_marked_fit_outside_a_secagg_stage_is_refused_by_the_site():
