@@ -15,7 +15,9 @@ A subclass of Flower's ``FedAvg`` that overrides the hooks, not the round loop:
   averaged (Eq. 8; weighted by capped image counts as FedFR's Eq. 2/4; or a robust rule), noise is
   added to the aggregate (Eq. 14). With client-level DP (``privacy.dp``, ``server/dp.py``) each update
   is clipped to the fixed norm C instead, the unweighted mean divides by ceil(S*N), and Gaussian noise
-  of std z*C/n goes on the aggregate;
+  of std z*C/n goes on the aggregate. With secure aggregation (``privacy.secure_aggregation``,
+  ``server/secure_aggregation.py``) only the sum of the sites' updates arrives (Flower's SecAgg+
+  workflow): no reply is checked, bounded or weighted here; the aggregate is rebuilt from the sum;
 - ``evaluate``: the per-round hook that evaluates the global embedding and reports the round (with
   DP, the epsilon spent so far).
 
