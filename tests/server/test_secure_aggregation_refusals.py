@@ -14,19 +14,7 @@ from tests.test_cli_errors import USAGE, _run
     ("overrides", "expected"),
     [
         (["strategy.aggregation=median"], "config strategy.aggregation: expected mean with privacy.secure_aggregation"),
-        (
-            ["strategy.aggregation=trimmed_mean"],
-            "config strategy.aggregation: expected mean with privacy.secure_aggregation",
-        ),
         (["strategy.norm_action=reject"], "config strategy.norm_action: expected clip or strategy.norm_bound=0 with"),
-        (
-            ["strategy=local"],
-            "config strategy.mode: expected a mode that averages an update with privacy.secure_aggregation",
-        ),
-        (
-            ["privacy.secagg_shares=2"],
-            "config privacy.secagg_shares: expected a fraction in (0, 1] or a whole count > 2",
-        ),
     ],
 )
 def test_a_combination_that_needs_updates_in_the_clear_is_one_line_exit_2(tmp_path, overrides, expected):
@@ -35,6 +23,25 @@ def test_a_combination_that_needs_updates_in_the_clear_is_one_line_exit_2(tmp_pa
     assert r.stderr.splitlines() == [r.stderr.strip()], r.stderr  # exactly one line
     assert expected in r.stderr and "Traceback" not in r.stderr
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        (["strategy.aggregation=trimmed_mean"], "config strategy.aggregation: expected mean with privacy.secure"),
+        (["strategy=local"], "config strategy.mode: expected a mode that averages an update with privacy.secure"),
+        (
+            ["privacy.secagg_shares=2"],
+            "config privacy.secagg_shares: expected a fraction in (0, 1] or a whole count > 2",
+        ),
+        (["privacy.secagg_threshold=3", "privacy.secagg_shares=3"], "config privacy.secagg_threshold: expected fewer"),
+        (["privacy.secagg_quantization_range=1073741824"], "config privacy.secagg_quantization_range: expected levels"),
+    ],
+)
+def test_each_refusal_is_one_line(overrides, expected):
+    with pytest.raises(ValueError) as e:
+        compose_experiment(["privacy=secagg", *overrides]).validate()
+    assert str(e.value).startswith(expected) and "\n" not in str(e.value)
 
 
 def test_validation_refuses_one_site_per_round_and_fedfr_without_the_registry():
