@@ -133,12 +133,8 @@ class PrivacyConfig:
     # updates of the shared parameters (`privacy=secagg`)
     secure_aggregation: bool = False
     secagg_clip_range: float = 8.0  # R: each value of a site's update is clipped to [-R, R] before quantisation
-    secagg_quantization_range: int = (
-        4194304  # Q: quantisation levels over [-R, R] (2**22); the error of a mean is below 2R/Q
-    )
-    secagg_shares: float = (
-        1.0  # shares of each site's mask key: > 2 a count, in (0, 1] that fraction of the round's sites
-    )
+    secagg_quantization_range: int = 4194304  # Q: levels over [-R, R] (2**22); a mean is off by < 2R/Q
+    secagg_shares: float = 1.0  # shares of each mask key: > 2 a count, in (0, 1] a fraction of the sites
     # shares that rebuild a key (>= 2 a count, in (0, 1] that fraction of the shares): the sum survives sites
     # that drop out after the key exchange while every site keeps this many live neighbours
     secagg_threshold: float = 0.67
