@@ -4,7 +4,8 @@ With the coordinator's public key in the node config (``coordinator-key``, from 
 --coordinator-key`` or ``coordinator.pub`` beside ``--root-certificates``), every message must carry
 the coordinator's valid signature for this run and this node (``common/instruction_signature.py``),
 and a train message must not be stale for this site (``client/instruction_ledger.py``, kept in the
-node config's ``state-dir``). Anything else is answered with an error reply and one log line, before
+node config's ``state-dir``; a train message without parameters, a stage of secure aggregation, trains
+nothing and is not ordered). Anything else is answered with an error reply and one log line, before
 the ClientApp (and the site's state) sees it. A node config without the key (a virtual site of the
 simulation engine, ``fedclient --insecure`` without a key) passes messages through unchecked.
 """
@@ -39,7 +40,10 @@ def check_instruction(message: Message, context: Context) -> None:
     if ins.run_id != context.run_id:
         raise InstructionRefused(f"signed for run {ins.run_id}, delivered in run {context.run_id}")
     state_dir = str(context.node_config.get("state-dir", ""))
-    if ins.message_type != MessageType.TRAIN or not state_dir:
+    # the ledger orders the instructions that train: a train message with parameters. The key exchange
+    # and unmasking stages of secure aggregation are train messages of the same round without any
+    # (client/secure_aggregation_mod.py): signed and checked above, they train nothing
+    if ins.message_type != MessageType.TRAIN or not state_dir or not message.content.array_records:
         return
     try:
         ledger = load_ledger(state_dir)

@@ -4,6 +4,8 @@
 On the simulation engine with ``engine.array_exchange`` files (a private Ray instance's default) the
 Grid Flower hands the ServerApp is wrapped so that the messages' large arrays travel as
 shared-memory files (``server/array_exchange_grid.py``); the strategy above it is the same.
+With ``privacy.secure_aggregation`` the rounds run through Flower's ``DefaultWorkflow`` with the fit
+round in ``SecAggPlusWorkflow`` (``server/secure_aggregation.py``), around the same strategy.
 With ``superlink.coordinator_key`` (``fedserver`` sets it on the deployment engine) every message
 the ServerApp sends is signed with that key (``server/signing_grid.py``): sites act on nothing else.
 """
@@ -16,7 +18,7 @@ import uuid
 
 import torch
 from flwr.common import Context
-from flwr.server import Grid, ServerApp, ServerAppComponents
+from flwr.server import Grid, LegacyContext, ServerApp, ServerAppComponents
 
 from common.array_exchange import exchange_folder
 from common.config.run import serverapp_config
@@ -25,6 +27,7 @@ from common.logs import setup_logging
 from common.processes import RUN_TAG_ENV
 from server.array_exchange_grid import ArrayExchangeGrid
 from server.checkpoint import checkpoint_round
+from server.secure_aggregation import secagg_settings
 from server.signing_grid import SigningGrid
 from server.tasks import server_task
 
@@ -49,7 +52,7 @@ class FedServerApp(ServerApp):
             offset = checkpoint_round(cfg.resume_from) if cfg.resume_from else 0
             grid = SigningGrid(grid, load_coordinator_key(cfg.superlink.coordinator_key), round_offset=offset)
         if not cfg.engine.exchanges_files():
-            super().__call__(grid, context)
+            self._run(grid, context, cfg)
             return
         # the run's tag (server/simulation.py) names the folder, which the launcher removes too when
         # this process is killed; a run started without fedserver gets one of its own
@@ -57,7 +60,18 @@ class FedServerApp(ServerApp):
         setup_logging("fedserver")
         log.info("array exchange: the messages' large arrays travel as files in %s", folder)
         with ArrayExchangeGrid.open(grid, folder) as exchange:
-            super().__call__(exchange, context)
+            self._run(exchange, context, cfg)
+
+    def _run(self, grid: Grid, context: Context, cfg) -> None:
+        """Flower's legacy round loop, or with ``privacy.secure_aggregation`` Flower's default workflow
+        with the fit round through SecAgg+ (server/secure_aggregation.py): the same strategy either way."""
+        settings = secagg_settings(cfg)
+        if settings is None:
+            super().__call__(grid, context)
+            return
+        components = server_fn(context)
+        legacy = LegacyContext(context, config=components.config, strategy=components.strategy)
+        settings.workflow()(grid, legacy)
 
 
 app = FedServerApp(server_fn=server_fn)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from flwr.common import Message
+from flwr.common import Message, RecordDict
 from flwr.server import Grid
 
 from common.instruction_signature import NOT_RESUMED, sign_message
@@ -52,7 +52,12 @@ class SigningGrid(Grid):
         return self.grid.send_and_receive([self.sign(m) for m in messages], timeout=timeout)
 
     def sign(self, message: Message) -> Message:
-        """``message`` with the coordinator's signature for the round it belongs to."""
+        """``message`` with the coordinator's signature for the round it belongs to.
+
+        The message gets a content of its own first (the same records): Flower's workflows may send one
+        content object to several nodes (SecAgg+'s setup stage does), and each needs its own signature."""
+        if message.has_content():
+            message.content = RecordDict(dict(message.content.items()))
         group = message.metadata.group_id
         flower_round = int(group) if group.isdigit() else 0
         resumed_after = self.round_offset if self.round_offset > 0 else NOT_RESUMED

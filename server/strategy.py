@@ -16,7 +16,9 @@ A subclass of Flower's ``FedAvg`` that overrides the hooks, not the round loop; 
   averaged (Eq. 8; weighted by capped image counts as FedFR's Eq. 2/4; or a robust rule), noise is
   added to the aggregate (Eq. 14). With client-level DP (``privacy.dp``, ``server/dp.py``) each update
   is clipped to the fixed norm C instead, the unweighted mean divides by ceil(S*N), and Gaussian noise
-  of std z*C/n goes on the aggregate;
+  of std z*C/n goes on the aggregate. With secure aggregation (``privacy.secure_aggregation``,
+  ``server/secure_aggregation.py``) only the sum of the sites' updates arrives (Flower's SecAgg+
+  workflow): no reply is checked, bounded or weighted here; the aggregate is rebuilt from the sum;
 - ``evaluate``: the per-round hook that evaluates the global embedding and reports the round (with
   DP, the epsilon spent so far).
 
@@ -65,6 +67,7 @@ from server.aggregate import (
 from server.dp import add_dp_noise, dp_scales
 from server.replies import ReplyError, check_metrics, decode_arrays, encode_arrays
 from server.reply_checks import ArrivalProxy, CheckedReplies, CheckedReply, check_reply
+from server.secure_aggregation import describe, rebuild, secure_mean, shared_dtype, site_scales
 from server.site_metrics import FEDREID_SITE_METRICS, describe_dropped
 from server.sites import SiteRoster
 from server.strategy_settings import StrategySettings
@@ -183,6 +186,14 @@ class FedReIDStrategy(FedAvg):
                 else "",
             )
         self.site_metrics = st.site_metrics or self.SITE_METRICS  # None: the task's own declaration
+        # secure aggregation (server/secure_aggregation.py): the fit round runs through SecAgg+, the
+        # strategy gets only the sum of the sites' scaled updates
+        self.secagg = secagg = st.secagg
+        self._secagg_dtype = shared_dtype(manifest) if secagg is not None else ""
+        self._scales: dict[str, float] = {}  # this round's scale of each asked site
+        self._asked: list[str] = []  # this round's asked sites, in the order their noise was drawn
+        if secagg is not None:
+            log.info("%s", describe(secagg, norm_bound=st.norm_bound, dp=st.dp is not None))
 
     def __repr__(self) -> str:
         return f"FedReIDStrategy(S={self.fraction_fit}, beta={self.beta}, manifest={self.manifest.hash})"
@@ -271,6 +282,10 @@ class FedReIDStrategy(FedAvg):
         beta = self.beta if self.client_noise else 0.0
         arrays = decode_arrays(self.manifest, parameters, "global parameters", check_finite=False) if beta > 0 else None
         noise_rng = self._noise_rng(server_round, "client-noise")
+        self._asked = list(asked)
+        if self.secagg is not None:  # the image-count weights are applied at the sites, under the mask
+            counts = self.site_images if self.weighted and self.dp is None else None
+            self._scales = site_scales(asked, rec.chosen, counts, self.weight_cap)
         out = []
         for site in asked:
             if arrays is not None:  # Eq. (15): an independent draw per site, on the learnable parameters
@@ -280,7 +295,10 @@ class FedReIDStrategy(FedAvg):
             else:  # the same serialised parameters for every site: no copy per site
                 sent = parameters
             rec.bytes_sent += sum(len(t) for t in sent.tensors)
-            out.append((ArrivalProxy(named[site], on_reply), FitIns(sent, dict(config))))
+            site_config = dict(config)
+            if self.secagg is not None:
+                site_config.update(self.secagg.site_config(self._scales[site], self._secagg_dtype))
+            out.append((ArrivalProxy(named[site], on_reply), FitIns(sent, site_config)))
         rec.sampled, rec.asked = len(rec.chosen), len(out)
         log.info(
             "round %d: %d of %d sites train, %d sampled for the average (%s)",
@@ -417,6 +435,8 @@ class FedReIDStrategy(FedAvg):
             log.warning("round %d: a site failed: %s", server_round, self._describe_failure(f))
         if not rec.chosen:  # aggregate_fit without configure_fit (tests): every site is sampled
             rec.chosen = list(self.sites)
+        if self.secagg is not None:  # only the sum arrived (server/secure_aggregation.py)
+            return self._aggregate_secure(rec, results)
         valid = self._valid_replies(rec, results)
         if self.keep_site_models:
             for v in valid:
@@ -447,6 +467,11 @@ class FedReIDStrategy(FedAvg):
                 for v, c in zip(updates, scales)
             ]
             aggregate = robust_aggregate(self.aggregation, clipped, self.trim_fraction)
+        return self._released(rec, aggregate), {"valid_updates": len(updates)}
+
+    def _released(self, rec: RoundRecord, aggregate: list[np.ndarray]) -> Parameters:
+        """The round's aggregate with its noise, packed: what the sites and the reports see."""
+        server_round = rec.server_round
         if self.dp is not None:  # client-level DP: N(0, (z*C/n)^2) on every shared tensor (server/dp.py)
             add_dp_noise(aggregate, self.dp.noise_std, self._noise_rng(server_round, "dp-noise"), self.manifest)
         # Eq. (14): on the learnable parameters; BatchNorm running statistics stay the plain average.
@@ -456,7 +481,57 @@ class FedReIDStrategy(FedAvg):
             for i, keep in enumerate(self.manifest.noise_mask):
                 aggregate[i] = add_white_noise([aggregate[i]], self.beta, rng, [keep])[0]
         rec.aggregated = True
-        return encode_arrays(self.manifest, aggregate), {"valid_updates": len(updates)}
+        return encode_arrays(self.manifest, aggregate)
+
+    def _aggregate_secure(
+        self, rec: RoundRecord, results: list[tuple[ClientProxy, FitRes]]
+    ) -> tuple[Parameters | None, dict[str, Scalar]]:
+        """The aggregate from the workflow's sum of the sites' scaled updates (no update is seen alone)."""
+        summed = []  # every reply's masked vector is in the sum, whatever its metrics say
+        for proxy, res in sorted(results, key=lambda t: str(self.roster.site_of(t[0].cid))):
+            site = self.roster.site_of(proxy.cid) or f"node-{proxy.cid}"
+            summed.append(site)
+            try:
+                allowed, _ = self.site_metrics.allowed(res.metrics, f"reply of site {site}")
+                metrics = check_metrics(allowed, f"reply of site {site}")
+            except ReplyError as e:
+                log.warning("round %d: site %s: metrics not recorded: %s", rec.server_round, site, e)
+                continue
+            rec.replied.append(site)
+            rec.site_train_seconds[site] = metrics.get("train_seconds", 0.0)
+            rec.site_metrics[site] = metrics
+        averaged = [s for s in summed if self._scales.get(s, 0.0) > 0]
+        rec.averaged = averaged
+        rec.fit_seconds = time.time() - rec.started if rec.started else 0.0
+        if not results or len(averaged) < self.min_fit_sites:
+            log.warning(
+                "round %d: %d sites in the secure sum, fewer than strategy.min_fit_sites=%d: the global model is kept",
+                rec.server_round,
+                len(averaged),
+                self.min_fit_sites,
+            )
+            return None, {"valid_updates": len(averaged)}
+        # the workflow's A = sum_k s_k u_k / m; the mean divides the sum by the scales (DP: by ceil(S*N))
+        denominator = self.dp.sampled if self.dp is not None else sum(self._scales[s] for s in averaged)
+        reference = self._secure_reference(rec.server_round, averaged)
+        aggregate = rebuild(self.manifest, reference, secure_mean(results), len(summed) / denominator)
+        return self._released(rec, aggregate), {"valid_updates": len(averaged)}
+
+    def _secure_reference(self, server_round: int, averaged: list[str]) -> list[np.ndarray]:
+        """What the summed sites' updates start from: what was sent, or with Eq. (15) noise the mean of
+        their noised copies, redrawn from the run's secret in the order configure_fit drew them."""
+        sent = decode_arrays(self.manifest, self._sent, "parameters sent", check_finite=False)
+        beta = self.beta if self.client_noise else 0.0
+        if beta == 0:
+            return sent
+        rng = self._noise_rng(server_round, "client-noise")
+        total = [np.zeros(a.shape, np.float64) for a in sent]
+        for site in self._asked:
+            noised = add_white_noise(sent, beta, rng, self.manifest.noise_mask)
+            if site in averaged:
+                for t, a in zip(total, noised):
+                    t += a
+        return [t / len(averaged) for t in total]
 
     def evaluate(self, server_round: int, parameters: Parameters) -> tuple[float, dict[str, Scalar]] | None:
         """Called by Flower after every round (and for round 0): report the round."""

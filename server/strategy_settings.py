@@ -19,6 +19,7 @@ from common.config.experiment import SAMPLINGS, ExperimentConfig
 from server.aggregate import AGGREGATIONS, NORM_ACTIONS
 from server.checkpoint import ServerCheckpoint
 from server.dp import DPSettings, dp_settings
+from server.secure_aggregation import SecAggSettings, secagg_settings
 from server.site_metrics import SiteMetrics
 from server.sites import SITE_NODES, load_site_nodes
 
@@ -51,6 +52,7 @@ class StrategySettings:
     threads: int = 0  # the coordinator's threads (0: the process's cores, at most 8)
     dp: DPSettings | None = None  # privacy.dp: client-level differential privacy
     site_metrics: SiteMetrics | None = None  # None: the metric keys the task declares
+    secagg: SecAggSettings | None = None  # privacy.secure_aggregation: the fit round through SecAgg+
 
     def __post_init__(self) -> None:
         if (
@@ -91,6 +93,7 @@ def settings_from_config(cfg: ExperimentConfig, ck: ServerCheckpoint | None, **t
         noise_secret=run_noise_secret(ck),
         round_offset=ck.round if ck else 0,
         dp=dp_settings(cfg),
+        secagg=secagg_settings(cfg),
         **task,
     )
 

@@ -134,6 +134,15 @@ class PrivacyConfig:
     delta: float = 0.0  # 0: 1 / identities^1.1
     identities: int = 0  # identities (people) in the whole federation: the default delta's rule
     max_epsilon: float = 0.0  # > 0: the run stops before the first round whose epsilon would exceed it
+    # Secure aggregation (SecAgg+, docs/privacy.md): the coordinator learns only the sum of the sites'
+    # updates of the shared parameters (`privacy=secagg`)
+    secure_aggregation: bool = False
+    secagg_clip_range: float = 8.0  # R: each value of a site's update is clipped to [-R, R] before quantisation
+    secagg_quantization_range: int = 4194304  # Q: levels over [-R, R] (2**22); a mean is off by < 2R/Q
+    secagg_shares: float = 1.0  # shares of each mask key: > 2 a count, in (0, 1] a fraction of the sites
+    # shares that rebuild a key (>= 2 a count, in (0, 1] that fraction of the shares): the sum survives sites
+    # that drop out after the key exchange while every site keeps this many live neighbours
+    secagg_threshold: float = 0.67
 
 
 @dataclass
@@ -312,9 +321,11 @@ class ExperimentConfig:
             )
 
     def _check_privacy(self) -> None:
-        """beta, and with ``privacy.dp`` client-level DP's parameters and what it needs of the strategy."""
+        """beta, secure aggregation's parameters and refusals, and with ``privacy.dp`` client-level DP's parameters and what it needs of the strategy."""
         if not 0.0 <= self.privacy.beta <= 1.0:
             raise _bad("privacy.beta", "beta in [0, 1]", self.privacy.beta)
+        if self.privacy.secure_aggregation:
+            self._check_secure_aggregation()
         if not self.privacy.dp:
             return
         p = self.privacy
@@ -343,6 +354,52 @@ class ExperimentConfig:
             )
         if MODES[self.strategy.mode].own_embedding:
             raise _bad("strategy.mode", "a mode that averages an update with privacy.dp", self.strategy.mode)
+
+    def _check_secure_aggregation(self) -> None:
+        """What secure aggregation rules out: anything that needs one site's update in the clear."""
+        p, st = self.privacy, self.strategy
+        clear = "with privacy.secure_aggregation (the coordinator sees only the sum of the updates)"
+        if st.aggregation != "mean":
+            raise _bad(
+                "strategy.aggregation", f"mean {clear}; a median or trimmed mean needs each update", st.aggregation
+            )
+        if st.norm_action == "reject" and st.norm_bound > 0:
+            raise _bad(
+                "strategy.norm_action",
+                f"clip or strategy.norm_bound=0 {clear}; rejecting a reply by its norm needs each update "
+                "(privacy=dp: each site clips its own update to privacy.clip_norm)",
+                st.norm_action,
+            )
+        if MODES[st.mode].own_embedding:
+            raise _bad("strategy.mode", f"a mode that averages an update {clear}", st.mode)
+        if self.sites_per_round < 2:
+            raise _bad(
+                "strategy.fraction / sites",
+                f"at least 2 sites per round {clear}: a sum of one update is that update",
+                self.sites_per_round,
+            )
+        if self.task == "fedfr" and any(site not in st.site_images for site in self.sites):
+            raise _bad(
+                "strategy.site_images",
+                f"every site's own image count {clear}: each site applies its weight under the mask",
+                sorted(st.site_images),
+            )
+        if not p.secagg_clip_range > 0:
+            raise _bad("privacy.secagg_clip_range", "a range R > 0", p.secagg_clip_range)
+        if not 1 < p.secagg_quantization_range < 2**31 // max(1, len(self.sites)):
+            raise _bad(
+                "privacy.secagg_quantization_range",
+                "levels Q in (1, 2**31 / sites) (the masked sum runs modulo 2**32)",
+                p.secagg_quantization_range,
+            )
+        if not (0 < p.secagg_shares <= 1 or (p.secagg_shares > 2 and float(p.secagg_shares).is_integer())):
+            raise _bad("privacy.secagg_shares", "a fraction in (0, 1] or a whole count > 2", p.secagg_shares)
+        if not (0 < p.secagg_threshold <= 1 or (p.secagg_threshold >= 2 and float(p.secagg_threshold).is_integer())):
+            raise _bad("privacy.secagg_threshold", "a fraction in (0, 1] or a whole count >= 2", p.secagg_threshold)
+        if p.secagg_shares > 2 and p.secagg_threshold >= p.secagg_shares:
+            raise _bad(
+                "privacy.secagg_threshold", f"fewer than privacy.secagg_shares={p.secagg_shares:g}", p.secagg_threshold
+            )
 
     def _check_training(self) -> None:
         """Rounds and the local training's unit, length, batch and start mix."""

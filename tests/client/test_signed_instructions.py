@@ -221,3 +221,32 @@ def test_without_a_coordinator_key_messages_pass_unchecked(tmp_path):
     m = _message()
     reply, seen, refusals = _run(m, ctx)
     assert seen == [m] and refusals == []
+
+
+def test_secure_aggregation_stages_of_the_round_pass_and_only_the_fit_advances_the_ledger(tmp_path, keys):
+    # SecAgg+ sends four train messages per round: key setup, key shares, the fit, unmasking; only the
+    # fit carries parameters. The three others are signed and checked, and train nothing.
+    key, pub = keys
+    ctx = _context(tmp_path, pub)
+
+    def stage(round_: int) -> Message:
+        m = _message(round_=round_)
+        m = Message(
+            metadata=Metadata(**_meta(m)), content=RecordDict({"secaggplus_configs": ConfigRecord({"stage": "x"})})
+        )
+        sign_message(m, key, round=round_)
+        return m
+
+    fit = _message(round_=3)
+    sign_message(fit, key, round=3)
+    for m in (stage(3), stage(3), fit, stage(3)):
+        reply, seen, refusals = _run(m, ctx)
+        assert seen == [m] and not reply.has_error() and refusals == []
+    assert _ledger(tmp_path) == {"run": 77, "round": 3, "older_runs": []}
+    again = _message(round_=3)  # the round's fit a second time: still stale
+    sign_message(again, key, round=3)
+    reply, seen, refusals = _run(again, ctx)
+    assert seen == [] and reply.has_error() and "stale instruction" in refusals[0].getMessage()
+    forged = stage(3)
+    sign_message(forged, Ed25519PrivateKey.generate(), round=3)  # a stage message still needs the signature
+    assert _run(forged, ctx)[1] == []

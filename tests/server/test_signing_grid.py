@@ -66,3 +66,18 @@ def test_a_resumed_run_counts_on_from_its_checkpoint_and_says_so():
     SigningGrid(inner, KEY, round_offset=7).push_messages([_message("1"), _message("0")])
     facts = [verify_message(m, KEY.public_key()) for m in inner.pushed]
     assert [(f.group_id, f.round, f.resumed_after) for f in facts] == [("1", 8, 7), ("0", 7, 7)]
+
+
+def test_messages_sharing_one_content_each_carry_their_own_valid_signature():
+    # SecAgg+'s setup stage sends one content object to every node (flwr's SecAggPlusWorkflow)
+    shared = _message("1").content
+    messages = []
+    for dst in (5, 6, 7):
+        m = _message("1", dst=dst)
+        m.content = shared
+        messages.append(m)
+    inner = InnerGrid()
+    SigningGrid(inner, KEY).send_and_receive(messages, timeout=1)
+    facts = [verify_message(m, KEY.public_key()) for m in inner.pushed]
+    assert [f.dst_node_id for f in facts] == [5, 6, 7]
+    assert "fitins.parameters" in inner.pushed[0].content  # the records travel unchanged

@@ -1,0 +1,130 @@
+"""Extra round time and bytes of secure aggregation (SecAgg+) against the same run without it (prints JSON).
+
+The same tiny model and work in both runs of a pair (ResNet-18 at 32x16, ``--steps`` local steps of 4
+images per site, no local expert, no evaluation), ``fedsim`` on this machine, ``--rounds`` rounds:
+
+- ``dep4``: the deployment runtime at 4 sites (a SuperNode and a site process per site, signed
+  instructions); ``sim10`` / ``sim40``: the simulation engine at 10 / 40 virtual sites;
+- per pair: the median steady round wall time (round 1, which starts the sites or Ray, left out) with
+  and without ``privacy=secagg``, their difference and ratio;
+- bytes per site and round, computed from the shared model's value count V (read from the run's
+  final checkpoint): the instruction is the packed model either way (4V bytes of float32); the reply
+  is the packed model (4V) without, the masked vector (8V: 64-bit integers, plus its weight) with
+  secure aggregation, which also adds three small exchanges (public keys, encrypted key shares to and
+  from every neighbour, the unmasking shares). Loopback traffic is not measured: other processes share
+  it on this machine.
+
+    python benchmarks/secagg_overhead.py [--only dep4,sim10,sim40] [--rounds 3] [--steps 1]
+
+The machine's load is part of the result (``load_avg_before`` each run): on a shared machine the
+figures are upper bounds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+WORK = [
+    "--train-ids",
+    "4",
+    "--images-per-id",
+    "4",
+    "--target-ids",
+    "3",
+    "model.height=32",
+    "model.width=16",
+    "train.batch_size=4",
+    "train.local_expert=false",
+    "train.unit=step",
+    "eval.every=0",
+    "train.threads=1",
+    "wait_for_sites_s=300",
+    "round_timeout_s=900",
+]
+SIM = ["--engine", "simulation", "engine.num_cpus=1", "engine.object_store_fraction=0.05"]
+RUNS = {"dep4": ("deployment", 4), "sim10": ("simulation", 10), "sim40": ("simulation", 40)}
+DEPLOYMENT_SITES = ["market1501", "dukemtmc", "cuhk03", "msmt17"]
+
+
+def one_run(out: Path, engine: str, sites: int, rounds: int, steps: int, secure: bool, timeout: float) -> dict:
+    names = ["--sites", str(sites)] if engine == "simulation" else ["--sites", *DEPLOYMENT_SITES[:sites]]
+    cmd = [sys.executable, "-m", "server.sim", "--out", str(out), *names, *WORK]
+    cmd += [f"rounds={rounds}", f"train.local_iters={steps}", "--timeout", str(timeout)]
+    cmd += SIM if engine == "simulation" else []
+    cmd += ["privacy=secagg"] if secure else []
+    load = os.getloadavg()
+    t0 = time.time()
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout + 120, check=False)
+    if proc.returncode != 0:
+        print(proc.stdout[-3000:], proc.stderr[-3000:], file=sys.stderr)
+        raise SystemExit(f"{engine} {sites} sites, secure={secure}: the federation failed (exit {proc.returncode})")
+    rows = json.loads((out / "metrics.json").read_text())
+    walls = [b["elapsed_s"] - a["elapsed_s"] for a, b in zip(rows, rows[1:])]
+    shared = torch.load(out / "global_final.pt", map_location="cpu", weights_only=True)["state_dict_shared"]
+    return {
+        "secure_aggregation": secure,
+        "load_avg_before": [round(x, 1) for x in load],
+        "total_wall_s": round(time.time() - t0, 1),
+        "round_wall_s": [round(w, 2) for w in walls],
+        "median_steady_round_s": round(statistics.median(walls[1:] or walls), 2),
+        "aggregated": [bool(r.get("aggregated")) for r in rows[1:]],
+        "values": sum(int(t.numel()) for t in shared.values()),
+    }
+
+
+def pair(name: str, root: Path, rounds: int, steps: int, timeout: float) -> dict:
+    engine, sites = RUNS[name]
+    plain = one_run(root / f"{name}-plain", engine, sites, rounds, steps, False, timeout)
+    secure = one_run(root / f"{name}-secagg", engine, sites, rounds, steps, True, timeout)
+    v = plain["values"]
+    return {
+        "engine": engine,
+        "sites": sites,
+        "rounds": rounds,
+        "steps": steps,
+        "cores": os.cpu_count(),
+        "plain": plain,
+        "secagg": secure,
+        "extra_round_s": round(secure["median_steady_round_s"] - plain["median_steady_round_s"], 2),
+        "round_ratio": round(secure["median_steady_round_s"] / plain["median_steady_round_s"], 2),
+        "bytes_per_site_round": {
+            "instruction": 4 * v,
+            "reply_plain": 4 * v,
+            "reply_secagg": 8 * v + 8,
+            "exchanges_plain": 1,
+            "exchanges_secagg": 4,
+        },
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--only", default="dep4", help="comma list of dep4, sim10, sim40")
+    ap.add_argument("--rounds", type=int, default=3, help="rounds of each run (round 1 = start-up, left out)")
+    ap.add_argument("--steps", type=int, default=1, help="local steps (batches of 4 images) per site and round")
+    ap.add_argument("--timeout", type=float, default=1800)
+    ap.add_argument("--keep", help="keep the run folders here (default: a temporary folder, removed)")
+    a = ap.parse_args()
+    names = [n for n in a.only.split(",") if n]
+    unknown = [n for n in names if n not in RUNS]
+    if unknown:
+        raise SystemExit(f"--only: expected names among {', '.join(RUNS)}, found {unknown}")
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(a.keep) if a.keep else Path(tmp)
+        result = {n: pair(n, root, a.rounds, a.steps, a.timeout) for n in names}
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
