@@ -54,8 +54,15 @@ compose=("${compose_cli[@]}" -p "$project" "${files[@]}")
 down() {
   "${compose[@]}" down --volumes --remove-orphans --timeout 10 >/dev/null 2>&1 || true
   if [ -n "$(ls -A "$demo_dir" 2>/dev/null)" ]; then
-    if docker image inspect "$image" >/dev/null 2>&1; then
-      docker run --rm --user 0:0 -v "$demo_dir:/demo" --entrypoint sh "$image" -c 'rm -rf /demo/* /demo/.[!.]*'
+    local with=""
+    for candidate in "$image" fedreid:cpu fedreid:cuda; do  # any image the demo may have built
+      if docker image inspect "$candidate" >/dev/null 2>&1; then
+        with="$candidate"
+        break
+      fi
+    done
+    if [ -n "$with" ]; then
+      docker run --rm --user 0:0 -v "$demo_dir:/demo" --entrypoint sh "$with" -c 'rm -rf /demo/* /demo/.[!.]*'
     else
       rm -rf "${demo_dir:?}"/* 2>/dev/null || die "expected to empty $demo_dir, could not (its files belong to uid 10001)"
     fi
