@@ -4,8 +4,9 @@
     python -m server.compose_demo result RUN_DIR     # the one result line of the finished run
 
 ``setup`` does what docker/README.md's operator and sites do before a first start, with the
-project's own commands: ``fedserver certs`` (the server certificate names ``superlink``, the compose
-service), ``fedclient keygen`` and ``fedserver register-site`` per site, then the demo's synthetic
+project's own code: ``fedserver certs`` (the server certificate names ``superlink``, the compose
+service), each site's key pair as ``fedclient keygen`` writes it (``common.security``; the
+coordinator's code imports no site code) and ``fedserver register-site``, then the demo's synthetic
 data (server/fedreid/demo.py): each site in the layout of the dataset it stands for, and the two
 unseen target domains the coordinator evaluates on. Everything is handed to the image's user (the
 compose services run as it), keys readable by it alone.
@@ -22,7 +23,7 @@ import os
 import sys
 from pathlib import Path
 
-from client.keygen import keygen_main
+from common.security import write_site_keys
 from server.admin import certs_main, register_site_main
 from server.fedreid.demo import DEFAULT_SITES, target_domains, write_data
 
@@ -38,7 +39,7 @@ def setup(demo_dir: Path, uid: int = IMAGE_UID) -> None:
         raise RuntimeError("fedserver certs failed")
     for site in DEFAULT_SITES:
         if not (secrets / "sites" / f"{site}.key").exists():  # a rerun keeps the keys it made
-            keygen_main(["--site", site, "--out", str(secrets / "sites")])
+            write_site_keys(secrets / "sites", site)  # what `fedclient keygen` writes
         register_site_main(
             [str(secrets / "sites" / f"{site}.pub"), "--site", site, "--keys-dir", str(secrets / "registry")]
         )
