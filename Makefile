@@ -15,7 +15,8 @@ help:
 	@echo "make bench     benchmarks (JSON on stdout)"
 	@echo "make study-NAME  a study of conf/study/NAME.yaml (variants x seeds, tables and plots)"
 	@echo "make soak      reliability soak: 50 rounds, a site killed every 10 (about 40 min)"
-	@echo "make compose-up / compose-down   the federation in docker compose (GPU=1 for CUDA)"
+	@echo "make compose-demo  the demo in docker compose, nothing but Docker needed; make compose-down removes it"
+	@echo "make compose-up / compose-down   your deployment in docker compose (GPU=1 for CUDA)"
 
 install: $(STAMP)
 

@@ -48,7 +48,7 @@ metrics.json / metrics.csv / curves.png / global_final.pt in `run_dir` (an earli
 there are moved to `run_dir/previous/`). Exits 0 when the run completed, 1 otherwise; stops every
 process it started.
 
-Groups:  experiment=fedreid|demo|fedfr|fedfr-demo   model=resnet50|resnet18
+Groups:  experiment=fedreid|demo|compose-demo|fedfr|fedfr-demo   model=resnet50|resnet18
          strategy=fedreid|fedavg|local   privacy=none|noise
 FedFR:   fedserver experiment=fedfr fedfr.stage=pretrain fedfr.public_root=DIR   (Theta_g^0, Phi_g)
          fedserver experiment=fedfr fedfr.public_root=DIR sites=[face1,...]      (the federated run)

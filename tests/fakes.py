@@ -257,11 +257,12 @@ def fedfr_arrays(cfg: ExperimentConfig, num_public: int, seed: int) -> list:
 # ---- docker/compose.yaml, merged and interpolated as compose does ----
 
 
-COMPOSE_VAR = re.compile(r"\$\{(\w+)(?::-([^}]*))?\}")
+COMPOSE_VAR = re.compile(r"\$\{(\w+)(?:(:?-)([^}]*))?\}")
 
 
 def interpolate(obj, env: dict[str, str]):
-    """Compose's ``${VAR:-default}`` interpolation (``$$`` is a literal ``$``)."""
+    """Compose's ``${VAR:-default}`` (default when unset or empty) and ``${VAR-default}`` (when unset)
+    interpolation (``$$`` is a literal ``$``)."""
     if isinstance(obj, dict):
         return {interpolate(k, env): interpolate(v, env) for k, v in obj.items()}
     if isinstance(obj, list):
@@ -269,9 +270,13 @@ def interpolate(obj, env: dict[str, str]):
     if isinstance(obj, str):
 
         def sub(m: re.Match) -> str:
-            if m.group(1) not in env and m.group(2) is None:
-                raise KeyError(f"${{{m.group(1)}}} has no default in the compose file")
-            return env.get(m.group(1), m.group(2) or "")
+            name, form, default = m.groups()
+            if name not in env and form is None:
+                raise KeyError(f"${{{name}}} has no default in the compose file")
+            value = env.get(name)
+            if value is None or (form == ":-" and value == ""):
+                return default or ""
+            return value
 
         return COMPOSE_VAR.sub(sub, obj.replace("$$", "\0")).replace("\0", "$")
     return obj

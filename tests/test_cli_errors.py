@@ -39,7 +39,11 @@ def _run(prog: str, *args: str, cwd: Path) -> subprocess.CompletedProcess:
     ("prog", "args", "expected"),
     [
         ("fedsim", ["trian.batch_size=4"], "fedsim: config <root>: unknown key(s) ['trian']; valid: ['app_dir',"),
-        ("fedsim", ["experiment=nope"], "fedsim: config: unknown experiment 'nope'; expected one of: demo, fedfr,"),
+        (
+            "fedsim",
+            ["experiment=nope"],
+            "fedsim: config: unknown experiment 'nope'; expected one of: compose-demo, demo, fedfr,",
+        ),
         ("fedsim", ["train.batch_size=four"], "fedsim: config train.batch_size: expected integer, found 'four' (str)"),
         ("fedserver", ["experiment=nope"], "fedserver: bad configuration: config: unknown experiment 'nope';"),
         ("fedserver", ["--rounds", "3"], "fedserver: unknown option(s) ['--rounds']; configuration is given as"),

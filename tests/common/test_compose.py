@@ -27,6 +27,7 @@ from tests.fakes import load_compose
 REPO = Path(__file__).resolve().parents[2]
 DOCKER = REPO / "docker"
 SITES = ["market1501", "dukemtmc", "cuhk03", "msmt17"]
+CPU_INDEX = "https://download.pytorch.org/whl/cpu"  # torch's CPU-only wheels
 
 
 def mounts(service: dict) -> dict[str, tuple[str, bool]]:
@@ -61,11 +62,17 @@ def test_services_are_the_coordinator_its_proxy_and_the_four_configured_sites(co
     assert set(compose["services"]) == {"superlink", "proxy", *SITES}
     assert set(SITES) <= set(site_names())  # each site service has its conf/site/<name>.yaml
     images = {s["image"] for s in project_services(compose).values()}
-    assert images == {"fedreid:latest"}  # one image for every role
+    assert images == {"fedreid:cpu"}  # one image for every role, CPU-only torch by default
     for s in project_services(compose).values():
         assert s["build"]["dockerfile"] == "docker/Dockerfile"
         assert (DOCKER / s["build"]["context"] / s["build"]["dockerfile"]).resolve() == DOCKER / "Dockerfile"
-        assert s["build"]["args"]["BASE_IMAGE"] == "python:3.11-slim"  # users' default; tests use a local base
+        assert s["build"]["args"] == {
+            "BASE_IMAGE": "python:3.11-slim",  # users' default; without Docker Hub a local base
+            "TORCH_INDEX_URL": CPU_INDEX,
+        }
+    # set and empty: PyPI's torch (the Dockerfile's default), for a machine without the CPU index
+    no_index = load_compose(env={"FEDREID_TORCH_INDEX_URL": ""})["services"]["superlink"]["build"]["args"]
+    assert no_index["TORCH_INDEX_URL"] == ""
     proxy = compose["services"]["proxy"]
     assert proxy["build"]["context"] == "proxy" and (DOCKER / "proxy" / "Dockerfile").is_file()
     assert proxy["network_mode"] == "service:superlink" and "ports" not in proxy and "networks" not in proxy
@@ -159,20 +166,34 @@ def test_no_two_services_share_data_state_or_keys(compose):
     assert all(len(v) == 1 for v in users.values()), users
 
 
-def test_gpu_override_reserves_a_gpu_per_site():
+def test_gpu_override_builds_the_cuda_image_and_reserves_gpus_by_count():
     env = {"SITE_DEVICE": "cuda"}
     gpu = load_compose("compose.yaml", "compose.gpu.yaml", env=env)
-    assert set(yaml.safe_load((DOCKER / "compose.gpu.yaml").read_text())["services"]) == set(SITES)
-    ids = []
+    assert set(yaml.safe_load((DOCKER / "compose.gpu.yaml").read_text())["services"]) == {"superlink", *SITES}
+    for name, s in project_services(gpu).items():
+        # torch's PyPI wheels bundle CUDA: one image for the coordinator and the sites
+        assert s["image"] == "fedreid:cuda" and s["build"]["args"]["TORCH_INDEX_URL"] == "", name
+        assert s["build"]["args"]["BASE_IMAGE"] == "python:3.11-slim", name
     for site in SITES:
         s = gpu["services"][site]
         (dev,) = s["deploy"]["resources"]["reservations"]["devices"]
-        assert dev["driver"] == "nvidia" and dev["capabilities"] == ["gpu"]
-        ids += dev["device_ids"]
-        assert s["image"] == "fedreid:latest"  # torch's PyPI wheels bundle CUDA: one image
+        # a count, not fixed device indices: a one-GPU machine runs it (Compose v1 takes an integer)
+        assert dev == {"driver": "nvidia", "count": 1, "capabilities": ["gpu"]}
         assert fedclient_parser().parse_args(s["command"][1:]).device == "cuda"
-    assert sorted(ids) == ["0", "1", "2", "3"]
     assert "deploy" not in gpu["services"]["superlink"]
+    assert "deploy" not in gpu["services"]["proxy"] and gpu["services"]["proxy"]["image"] == "fedreid-proxy:latest"
+
+
+def test_demo_override_mounts_only_the_unseen_targets_into_the_coordinator():
+    demo = load_compose("compose.demo.yaml", env={"FEDREID_DEMO_DIR": "/d"})
+    assert set(demo["services"]) == {"superlink"}
+    assert mounts(demo["services"]["superlink"]) == {
+        "/targets/synth_a": ("/d/data/synth_a", True),
+        "/targets/synth_b": ("/d/data/synth_b", True),
+    }
+    # where the compose-demo experiment evaluates
+    roots = {t.root for t in compose_experiment(["experiment=compose-demo"]).eval.targets.values()}
+    assert roots == set(mounts(demo["services"]["superlink"]))
 
 
 def test_dockerfile_installs_from_pyproject_dependencies_before_the_source(tmp_path):
@@ -258,7 +279,7 @@ def test_make_targets_drive_docker_compose():
         if (REPO / "Makefile").is_file() and "compose-up" in (REPO / "Makefile").read_text()
         else "docker/compose.mk"
     )
-    env = {k: v for k, v in os.environ.items() if k not in ("GPU", "VOLUMES")}
+    env = {k: v for k, v in os.environ.items() if k not in ("GPU", "VOLUMES")} | {"DOCKER_COMPOSE": "docker compose"}
 
     def dry(*args: str) -> str:
         return subprocess.run(
@@ -272,4 +293,49 @@ def test_make_targets_drive_docker_compose():
         and "compose.gpu.yaml" not in up
     )
     assert "-f docker/compose.gpu.yaml" in gpu and "SITE_DEVICE=cuda" in gpu
-    assert "docker compose -p fedreid -f docker/compose.yaml" in down and " down" in down
+    # compose-down: the demo (docker/compose-demo.sh down), then the deployment's project if it has containers
+    assert 'DOCKER_COMPOSE="docker compose" GPU="" docker/compose-demo.sh down' in down
+    assert re.search(r"docker compose -p fedreid -f docker/compose.yaml +down", down), down
+    assert 'DOCKER_COMPOSE="docker compose" GPU="" docker/compose-demo.sh up' in dry("compose-demo")
+    assert 'GPU="1" docker/compose-demo.sh up' in dry("compose-demo", "GPU=1")
+
+
+@pytest.mark.parametrize(
+    ("plugin", "v1", "expected"),
+    [
+        (True, True, "docker compose"),  # the plugin first
+        (False, True, "docker-compose"),  # Debian's docker.io + docker-compose
+        (True, False, "docker compose"),
+        (False, False, None),
+    ],
+)
+def test_compose_command_is_detected(tmp_path, plugin, v1, expected):
+    """docker/compose-cli.sh with stand-ins for `docker` (its `compose` plugin answering or not) and
+    `docker-compose`, alone on PATH."""
+    (tmp_path / "docker").write_text(
+        f'#!/bin/sh\n[ "$1 $2" = "compose version" ] && exit {0 if plugin else 1}\nexit 0\n'
+    )
+    if v1:
+        (tmp_path / "docker-compose").write_text("#!/bin/sh\nexit 0\n")
+    for f in tmp_path.iterdir():
+        f.chmod(0o755)
+    bash = shutil.which("bash")
+
+    def detect(**extra: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [bash, str(DOCKER / "compose-cli.sh")],
+            env={"PATH": str(tmp_path), **extra},
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+
+    r = detect()
+    if expected is None:
+        assert r.returncode == 1 and r.stdout == ""
+        assert r.stderr.count("\n") == 1 and "expected Docker Compose, found neither" in r.stderr
+    else:
+        assert (r.returncode, r.stdout.strip(), r.stderr) == (0, expected, "")
+    # DOCKER_COMPOSE names another command, whatever is installed
+    assert detect(DOCKER_COMPOSE="podman-compose").stdout.strip() == "podman-compose"
