@@ -177,10 +177,12 @@ class Federation:
         return self.launcher.start_site(local, batch_size=self.batch_size(), extra=extra)
 
     def kill_site(self, site: str) -> None:
-        """SIGKILL the site's fedclient, SuperNode and ClientApp processes (a crash, no clean-up)."""
-        self.launcher.kill(self.launcher.sites.pop(site))
+        """SIGKILL the site's fedclient, SuperNode and ClientApp processes (a crash, no clean-up): the
+        SuperNode and the ClientApps first, so that no reply leaves the site after the crash (reaping
+        fedclient waits for its log filter)."""
         for pid in processes_mentioning(str(self.state_dir(site) / "flwr_home")):
             _kill_pid(pid)
+        self.launcher.kill(self.launcher.sites.pop(site))
 
     def site_process_pids(self, site: str) -> list[int]:
         """Pids of the site's long-lived site process (client/site_process.py)."""
