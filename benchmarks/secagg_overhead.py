@@ -33,26 +33,9 @@ import time
 from pathlib import Path
 
 import torch
+from tiny_world import SIM, WORK  # benchmarks/ is the script's folder
 
 REPO = Path(__file__).resolve().parents[1]
-WORK = [
-    "--train-ids",
-    "4",
-    "--images-per-id",
-    "4",
-    "--target-ids",
-    "3",
-    "model.height=32",
-    "model.width=16",
-    "train.batch_size=4",
-    "train.local_expert=false",
-    "train.unit=step",
-    "eval.every=0",
-    "train.threads=1",
-    "wait_for_sites_s=300",
-    "round_timeout_s=900",
-]
-SIM = ["--engine", "simulation", "engine.num_cpus=1", "engine.object_store_fraction=0.05"]
 RUNS = {"dep4": ("deployment", 4), "sim10": ("simulation", 10), "sim40": ("simulation", 40)}
 DEPLOYMENT_SITES = ["market1501", "dukemtmc", "cuhk03", "msmt17"]
 

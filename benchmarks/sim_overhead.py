@@ -51,26 +51,9 @@ import time
 from pathlib import Path
 
 import psutil
+from tiny_world import SIM, WORK  # benchmarks/ is the script's folder
 
 REPO = Path(__file__).resolve().parents[1]
-WORK = [
-    "--train-ids",
-    "4",
-    "--images-per-id",
-    "4",
-    "--target-ids",
-    "3",
-    "model.height=32",
-    "model.width=16",
-    "train.batch_size=4",
-    "train.local_expert=false",
-    "train.unit=step",  # --steps local steps, whatever the site's image count (the loader cycles)
-    "eval.every=0",
-    "train.threads=1",
-    "wait_for_sites_s=300",
-    "round_timeout_s=900",
-]
-SIM = ["--engine", "simulation", "engine.num_cpus=1", "engine.object_store_fraction=0.05"]
 
 
 def run_processes(marker: str) -> dict[str, float]:
