@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from common.evaluation.features import embed
+
 
 def _unit(x: np.ndarray) -> np.ndarray:
     x = np.asarray(x, dtype=np.float64)
@@ -41,3 +43,16 @@ def brute_force_site(
     out["rank-1"] = float(np.mean(nearest == test_labels))
     out["genuine_pairs"] = float(len(genuine))
     return out
+
+
+def brute_force_model(model, own, others, far_targets, **embed_kw) -> dict:
+    """``brute_force_site`` on ``model``'s embeddings of a site's own train/test records (``own``) and
+    the non-mated probes ``others``; ``embed_kw``: image size, batch size and device for ``embed``."""
+    return brute_force_site(
+        embed(model, own.train, **embed_kw),
+        np.array([r.pid for r in own.train]),
+        embed(model, own.test, **embed_kw),
+        np.array([r.pid for r in own.test]),
+        embed(model, others, **embed_kw),
+        far_targets,
+    )

@@ -4,7 +4,6 @@ equal a brute-force computation and the offline scorer's, nothing but metrics le
 import dataclasses
 import os
 
-import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -12,13 +11,12 @@ from torch import nn
 from client.fedfr.client import FedFRClient
 from client.fedfr.state import FEDFR_STATE
 from common.datasets.face_folder import FaceFolder, FaceSite
-from common.evaluation.features import embed
 from common.evaluation.fedfr_site_scoring import reply_keys
 from common.models.fedfr import expected_fedfr_manifest, fedfr_model
 from common.params import to_wire
 from server.fedfr.evaluate import eval_sites, personalised_metrics
 from tests.fakes import Unpacked, fedfr_arrays, fedfr_settings, tiny_fedfr_config, tiny_world
-from tests.fedfr_brute_force import brute_force_site
+from tests.fedfr_brute_force import brute_force_model
 
 PUBLIC = 6
 CPU = torch.device("cpu")
@@ -67,14 +65,7 @@ def test_the_site_scores_its_three_models_as_brute_force_does(trained):
     kw = {"image_size": cfg.fedfr.image_size, "batch_size": 16, "device": CPU}
     others = [r for o in ("face1", "face3") for r in FaceSite(world[o]).test]
     for row, model in models_of(cfg, state, "face2", arrays).items():
-        bf = brute_force_site(
-            embed(model, own.train, **kw),
-            np.array([r.pid for r in own.train]),
-            embed(model, own.test, **kw),
-            np.array([r.pid for r in own.test]),
-            embed(model, others, **kw),
-            cfg.fedfr.far_targets,
-        )
+        bf = brute_force_model(model, own, others, cfg.fedfr.far_targets, **kw)
         assert bf["genuine_pairs"] == metrics["genuine_pairs"]
         assert metrics[f"{row}/rank-1"] == bf["rank-1"], row
         for k in (f"TAR@FAR={a:g}" for a in cfg.fedfr.far_targets):

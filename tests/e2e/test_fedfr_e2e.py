@@ -12,10 +12,9 @@ from torch import nn
 from common.checkpoint import torch_load
 from common.config.experiment import ExperimentConfig
 from common.datasets.face_folder import FaceSite
-from common.evaluation.features import embed
 from common.models.fedfr import fedfr_model
 from tests.federation import tiny_fedfr_demo
-from tests.fedfr_brute_force import brute_force_site
+from tests.fedfr_brute_force import brute_force_model
 from tests.procutil import processes_mentioning, run_to_end
 
 REPO = Path(__file__).resolve().parents[2]
@@ -85,14 +84,7 @@ def check_site_figures(out: Path, row: dict, report: dict) -> None:
         }
         assert got["impostor_images"] == len(others) and got["test_images"] == len(own.test)
         for name, model in models.items():
-            bf = brute_force_site(
-                embed(model, own.train, **kw),
-                np.array([x.pid for x in own.train]),
-                embed(model, own.test, **kw),
-                np.array([x.pid for x in own.test]),
-                embed(model, others, **kw),
-                f.far_targets,
-            )
+            bf = brute_force_model(model, own, others, f.far_targets, **kw)
             assert got["genuine_pairs"] == bf["genuine_pairs"] > 0
             assert got[f"{name}/rank-1"] == bf["rank-1"], (site, name)
             for a in f.far_targets:
