@@ -3,6 +3,8 @@
 # nothing on the host but Docker.
 #
 #   docker/compose-demo.sh up      # build, make secrets and data in a container, two rounds, one result line
+#   TASK=fedfr docker/compose-demo.sh up   # the FedFR demo (docker/compose.fedfr-demo.yaml): face sites,
+#                                          # each scoring its personalised model after the last round
 #   docker/compose-demo.sh down    # stop and remove the demo's containers, network, volumes and folder
 #
 # up: builds the image (CPU-only torch; GPU=1: the CUDA image of docker/compose.gpu.yaml) on the
@@ -15,7 +17,7 @@
 #
 # Environment: DOCKER_COMPOSE (default: detected, docker/compose-cli.sh), FEDREID_DEMO_DIR (default
 # docker/demo), FEDREID_DEMO_PROJECT (compose project, default fedreid-demo), FEDREID_DEMO_TIMEOUT_S
-# (default 3600), FEDREID_BASE_IMAGE, FEDREID_TORCH_INDEX_URL, FEDREID_IMAGE, GPU.
+# (default 3600), FEDREID_BASE_IMAGE, FEDREID_TORCH_INDEX_URL, FEDREID_IMAGE, GPU, TASK (fedreid or fedfr).
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 say() { echo "compose-demo: $*"; }
@@ -33,7 +35,12 @@ project="${FEDREID_DEMO_PROJECT:-fedreid-demo}"
 demo_dir="${FEDREID_DEMO_DIR:-$here/demo}"
 mkdir -p "$demo_dir"
 demo_dir="$(cd "$demo_dir" && pwd)"
-files=(-f "$here/compose.yaml" -f "$here/compose.demo.yaml")
+task="${TASK:-fedreid}"
+case "$task" in
+  fedreid) files=(-f "$here/compose.yaml" -f "$here/compose.demo.yaml") ;;
+  fedfr) files=(-f "$here/compose.yaml" -f "$here/compose.fedfr-demo.yaml") ;;
+  *) die "expected TASK=fedreid or TASK=fedfr, found TASK=$task" ;;
+esac
 if [ -n "${GPU:-}" ]; then
   files+=(-f "$here/compose.gpu.yaml")
   export SITE_DEVICE=cuda
@@ -45,14 +52,18 @@ image="${FEDREID_IMAGE:-$([ -n "${GPU:-}" ] && echo fedreid:cuda || echo fedreid
 export FEDREID_DEMO_DIR="$demo_dir" FEDREID_SECRETS="$demo_dir/secrets" \
   MARKET1501_DATA="$demo_dir/data/market1501" DUKEMTMC_DATA="$demo_dir/data/dukemtmc" \
   CUHK03_DATA="$demo_dir/data/cuhk03" MSMT17_DATA="$demo_dir/data/msmt17" \
-  FEDREID_EXPERIMENT=compose-demo FEDREID_ROUNDS=2 FEDREID_MIN_SITES=4 FEDREID_BATCH_SIZE=32 \
+  FEDREID_EXPERIMENT="$([ "$task" = fedfr ] && echo compose-fedfr-demo || echo compose-demo)" \
+  FEDREID_RUN="$task" FEDREID_SITES="$([ "$task" = fedfr ] && echo '[face1,face2,face3,face4]' || echo '[market1501,dukemtmc,cuhk03,msmt17]')" \
+  FEDREID_ROUNDS=2 FEDREID_MIN_SITES=4 FEDREID_BATCH_SIZE=32 \
   FEDREID_PORT=127.0.0.1: FEDREID_UID=10001 FEDREID_GID=10001
 compose=("${compose_cli[@]}" -p "$project" "${files[@]}")
 
 # Empty the demo folder (its files belong to the image's user: removed from a container) and remove
 # the demo's containers, network and volumes.
 down() {
-  "${compose[@]}" down --volumes --remove-orphans --timeout 10 >/dev/null 2>&1 || true
+  # every demo's files: whichever task ran, its containers and volumes are known to compose
+  "${compose_cli[@]}" -p "$project" -f "$here/compose.yaml" -f "$here/compose.demo.yaml" \
+    -f "$here/compose.fedfr-demo.yaml" down --volumes --remove-orphans --timeout 10 >/dev/null 2>&1 || true
   if [ -n "$(ls -A "$demo_dir" 2>/dev/null)" ]; then
     local with=""
     for candidate in "$image" fedreid:cpu fedreid:cuda; do  # any image the demo may have built
@@ -104,13 +115,13 @@ say "building $image and fedreid-proxy:latest (the first build downloads torch: 
 # ---- a fresh deployment: secrets, keys, registry and data, made in a container of the image
 down
 say "secrets, site keys and synthetic data in $demo_dir (in a container)"
-if ! log="$(docker run --rm --user 0:0 -v "$demo_dir:/demo" "$image" python -m server.compose_demo setup /demo 2>&1)"; then
+if ! log="$(docker run --rm --user 0:0 -v "$demo_dir:/demo" "$image" python -m server.compose_demo setup /demo "$task" 2>&1)"; then
   echo "$log" | tail -n 20 >&2
   die "expected the demo's secrets and data in $demo_dir, the setup container failed (above)"
 fi
 
 # ---- the run
-say "starting the coordinator, its proxy and four sites (project $project)"
+say "starting the coordinator, its proxy and four $task sites (project $project)"
 "${compose[@]}" up --detach --no-build
 coordinator="$("${compose[@]}" ps -q superlink)"
 [ -n "$coordinator" ] || die "expected the coordinator's container, compose started none"
@@ -124,5 +135,5 @@ if [ "$code" != 0 ]; then
   die "expected the coordinator to end the run with 0, found $code; its log above; \`make compose-down\` removes the demo"
 fi
 runs="$(docker volume ls -q --filter "label=com.docker.compose.project=$project" --filter label=com.docker.compose.volume=runs)"
-docker run --rm -v "$runs:/runs:ro" "$image" python -m server.compose_demo result /runs/fedreid
+docker run --rm -v "$runs:/runs:ro" "$image" python -m server.compose_demo result "/runs/$task"
 say "outputs in the volume $runs; stop and remove everything with: make compose-down"

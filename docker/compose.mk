@@ -1,6 +1,7 @@
 # Docker compose targets (docker/compose.yaml). Include from the Makefile: `include docker/compose.mk`.
 #   make compose-demo          the CPU demo: build, secrets and synthetic data made in a container,
-#                              two rounds, one result line (docker/compose-demo.sh); GPU=1: the CUDA image
+#                              two rounds, one result line (docker/compose-demo.sh); GPU=1: the CUDA image;
+#                              TASK=fedfr: the FedFR demo, personalised evaluation at the sites
 #   make compose-up            your deployment (docker/README.md), sites on CPU
 #   make compose-up GPU=1      the CUDA image, GPUs reserved per site (docker/compose.gpu.yaml)
 #   make compose-down          stop and remove the demo (containers, volumes, docker/demo) and the
@@ -14,7 +15,7 @@ COMPOSE = $(COMPOSE_ENV) $(DOCKER_COMPOSE) -p fedreid $(COMPOSE_FILES)
 
 .PHONY: compose-demo compose-up compose-down
 compose-demo:  ## the demo in docker compose: two rounds on synthetic data, then one result line
-	@DOCKER_COMPOSE="$(DOCKER_COMPOSE)" GPU="$(GPU)" docker/compose-demo.sh up
+	@DOCKER_COMPOSE="$(DOCKER_COMPOSE)" GPU="$(GPU)" TASK="$(TASK)" docker/compose-demo.sh up
 
 compose-up:  ## build the image, start the coordinator and 4 sites, wait for the run; exit code = the run's
 	@test -n "$(DOCKER_COMPOSE)"
@@ -24,6 +25,6 @@ compose-up:  ## build the image, start the coordinator and 4 sites, wait for the
 	  echo "compose-up: coordinator exited with code $$code (outputs in the fedreid_runs volume)"; exit $$code
 
 compose-down:  ## stop and remove the demo and the federation's containers and network
-	@DOCKER_COMPOSE="$(DOCKER_COMPOSE)" GPU="$(GPU)" docker/compose-demo.sh down
+	@DOCKER_COMPOSE="$(DOCKER_COMPOSE)" GPU="$(GPU)" TASK="$(TASK)" docker/compose-demo.sh down
 	@if [ -n "$$(docker ps -aq --filter label=com.docker.compose.project=fedreid)$(VOLUMES)" ]; then \
 	  $(COMPOSE) down $(if $(VOLUMES),--volumes); fi

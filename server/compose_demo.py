@@ -1,18 +1,20 @@
 """``make compose-demo``'s two steps that run inside a container of the image (docker/compose-demo.sh).
 
-    python -m server.compose_demo setup DEMO_DIR     # secrets, site keys, registry and synthetic data
-    python -m server.compose_demo result RUN_DIR     # the one result line of the finished run
+    python -m server.compose_demo setup DEMO_DIR [fedreid|fedfr]   # secrets, site keys, registry, synthetic data
+    python -m server.compose_demo result RUN_DIR                   # the one result line of the finished run
 
 ``setup`` does what docker/README.md's operator and sites do before a first start, with the
 project's own code: ``fedserver certs`` (the server certificate names ``superlink``, the compose
 service), each site's key pair as ``fedclient keygen`` writes it (``common.security``; the
 coordinator's code imports no site code) and ``fedserver register-site``, then the demo's synthetic
-data (server/fedreid/demo.py): each site in the layout of the dataset it stands for, and the two
-unseen target domains the coordinator evaluates on. Everything is handed to the image's user (the
-compose services run as it), keys readable by it alone.
+data: for FedReID (server/fedreid/demo.py) each site in the layout of the dataset it stands for and
+the two unseen target domains the coordinator evaluates on; for FedFR the face world and its
+pre-trained generic model (server/fedfr/compose_demo.py). Everything is handed to the image's user
+(the compose services run as it), keys readable by it alone.
 
-``result`` reads ``metrics.json``: the global model's mean R1 / mAP on the unseen domains after the
-last round (and before the first), and each site's training loss of the last round, on one line.
+``result`` reads ``metrics.json``: for FedReID the global model's mean R1 / mAP on the unseen domains
+after the last round (and before the first) and each site's training loss of the last round; for
+FedFR the sites' personalised evaluation; on one line.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from pathlib import Path
 
 from common.security import write_site_keys
 from server.admin import certs_main, register_site_main
+from server.fedfr import compose_demo as fedfr_demo
 from server.fedreid.demo import DEFAULT_SITES, target_domains, write_data
 
 IMAGE_UID = 10001  # the image's user (docker/Dockerfile), the compose services' default user
@@ -32,26 +35,33 @@ IMAGE_UID = 10001  # the image's user (docker/Dockerfile), the compose services'
 TRAIN_IDS, IMAGES_PER_ID, TARGET_IDS = 40, 8, 30
 
 
-def setup(demo_dir: Path, uid: int = IMAGE_UID) -> None:
-    """secrets/{tls,sites,registry} and data/<site>, data/<target> under ``demo_dir``, owned by ``uid``."""
+TASKS = ("fedreid", "fedfr")
+
+
+def setup(demo_dir: Path, task: str = "fedreid", uid: int = IMAGE_UID) -> None:
+    """secrets/{tls,sites,registry} and the task's data under ``demo_dir``, owned by ``uid``."""
     secrets, data = demo_dir / "secrets", demo_dir / "data"
     if certs_main([str(secrets / "tls"), "--host", "superlink"]) != 0:
         raise RuntimeError("fedserver certs failed")
-    for site in DEFAULT_SITES:
+    sites = fedfr_demo.SITES if task == "fedfr" else DEFAULT_SITES
+    for site in sites:
         if not (secrets / "sites" / f"{site}.key").exists():  # a rerun keeps the keys it made
             write_site_keys(secrets / "sites", site)  # what `fedclient keygen` writes
         register_site_main(
             [str(secrets / "sites" / f"{site}.pub"), "--site", site, "--keys-dir", str(secrets / "registry")]
         )
-    write_data(
-        data,
-        DEFAULT_SITES,
-        train_ids=TRAIN_IDS,
-        images_per_id=IMAGES_PER_ID,
-        target_ids=TARGET_IDS,
-        real_layouts=True,
-        targets=len(target_domains()),
-    )
+    if task == "fedfr":
+        fedfr_demo.write_world(demo_dir)
+    else:
+        write_data(
+            data,
+            DEFAULT_SITES,
+            train_ids=TRAIN_IDS,
+            images_per_id=IMAGES_PER_ID,
+            target_ids=TARGET_IDS,
+            real_layouts=True,
+            targets=len(target_domains()),
+        )
     # bind mounts keep their ownership: the services' user reads them, and nobody else reads a key
     for path in [demo_dir, *demo_dir.rglob("*")]:
         if os.geteuid() == 0:
@@ -61,7 +71,10 @@ def setup(demo_dir: Path, uid: int = IMAGE_UID) -> None:
 
 
 def result_line(rows: list[dict]) -> str:
-    """``compose-demo: round N: mean R1 ...% mAP ...% on <targets> (untrained ...); sites' loss ...``."""
+    """The run's one line: FedFR's when the sites evaluated (:func:`server.fedfr.compose_demo.result_line`), else
+    ``compose-demo: round N: mean R1 ...% mAP ...% on <targets> (untrained ...); sites' loss ...``."""
+    if any("site_eval" in r for r in rows):
+        return fedfr_demo.result_line(rows)
     evaluated = [r for r in rows if "mean/R1" in r]
     trained = [r for r in rows if r.get("round", 0) > 0]
     if not evaluated or not trained:
@@ -84,10 +97,13 @@ def result_line(rows: list[dict]) -> str:
 
 
 def main(argv: list[str]) -> None:
-    if len(argv) != 2 or argv[0] not in ("setup", "result"):
-        raise SystemExit("usage: python -m server.compose_demo setup DEMO_DIR | result RUN_DIR")
+    setup_args = argv[:1] == ["setup"] and len(argv) in (2, 3) and (len(argv) == 2 or argv[2] in TASKS)
+    if not setup_args and not (argv[:1] == ["result"] and len(argv) == 2):
+        raise SystemExit(
+            f"usage: python -m server.compose_demo setup DEMO_DIR [{'|'.join(TASKS)}] | result RUN_DIR; found {argv}"
+        )
     if argv[0] == "setup":
-        setup(Path(argv[1]))
+        setup(Path(argv[1]), *argv[2:])
         return
     path = Path(argv[1]) / "metrics.json"
     try:

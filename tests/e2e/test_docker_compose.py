@@ -1,4 +1,5 @@
-"""`make compose-demo`, then `make compose-down`, for real (docker/compose-demo.sh, docker/compose.yaml).
+"""`make compose-demo` (FedReID, and FedFR with TASK=fedfr), then `make compose-down`, for real
+(docker/compose-demo.sh, docker/compose.yaml, docker/compose.fedfr-demo.yaml).
 
 Needs a Docker engine, Compose (Debian's `docker-compose` v1 or the `docker compose` plugin) and a
 base image: `docker/engine.sh` (run by `.ci/run` before `make test`) provides all three, making
@@ -11,6 +12,8 @@ in a project and folder of its own. While training goes on, a container of the i
 network tries what the proxy must refuse: `flwr run` and key registration through the public port
 (the Control API), and the SuperLink's own loopback port. Then it checks the result line against
 the run's metrics.json, each site's state volume, and that `make compose-down` leaves nothing.
+The FedFR demo runs the same way with four face sites; its checks are the sites' personalised
+evaluation in Flower's evaluate round (each site's figures, their mean against the result line).
 """
 
 from __future__ import annotations
@@ -29,15 +32,21 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 SITES = ["market1501", "dukemtmc", "cuhk03", "msmt17"]
+FACE_SITES = ["face1", "face2", "face3", "face4"]
 TARGETS = ["synth_a", "synth_b"]
 BASE = "fedreid-base:bookworm"  # what the target builds on when it exists (docker/compose-demo.sh)
 IMAGES = ("fedreid:cpu", "fedreid:cuda", "fedreid-proxy:latest")  # the target builds one of the first two
 UID = 10001  # the image's user (docker/Dockerfile)
 BUILD_TIMEOUT_S = 2400  # the first build downloads torch (several GB); later builds hit the layer cache
-RUN_TIMEOUT_S = 1200
+RUN_TIMEOUT_S = 1800
 RESULT = re.compile(
     r"^compose-demo: round 2: mean R1 (?P<r1>[\d.]+)% mAP (?P<map>[\d.]+)% on (?P<targets>[\w, ]+) "
     r"\(round 0: R1 [\d.]+% mAP [\d.]+%\); (?P<n>\d+) sites trained round 2, loss: (?P<losses>.+)$",
+    re.M,
+)
+FEDFR_RESULT = re.compile(
+    r"^compose-demo: round 2: personalised evaluation at (?P<n>\d+) sites: (?P<metric>\S+) (?P<personal>[\d.]+)% "
+    r"with \[Theta_l, Pi_l\], (?P<generic>[\d.]+)% with Theta_g; generic model on the IJB-C-style set: .+$",
     re.M,
 )
 
@@ -165,15 +174,19 @@ class Make:
 
 
 @pytest.mark.timeout(BUILD_TIMEOUT_S + RUN_TIMEOUT_S + 900)
-def test_make_compose_demo_then_compose_down():
+@pytest.mark.parametrize("task", ["fedreid", "fedfr"])
+def test_make_compose_demo_then_compose_down(task: str):
     before = {name: _image_id(name) for name in IMAGES}
     demo_dir = Path(tempfile.mkdtemp(prefix="fedreid-compose-demo-"))
-    project = f"fedreidtest{os.getpid()}"
-    env = {**os.environ, "FEDREID_DEMO_DIR": str(demo_dir), "FEDREID_DEMO_PROJECT": project}
+    project = f"fedreidtest{task}{os.getpid()}"
+    env = {**os.environ, "FEDREID_DEMO_DIR": str(demo_dir), "FEDREID_DEMO_PROJECT": project, "TASK": task}
     t0 = time.monotonic()
     demo = Make("compose-demo", env)
     try:
-        _check_demo(demo, project, demo_dir, t0)
+        if task == "fedfr":
+            _check_fedfr_demo(demo, project, t0)
+        else:
+            _check_demo(demo, project, demo_dir, t0)
     except BaseException:
         demo.stop()
         print(f"---- make compose-demo\n{demo.output[-8000:]}")
@@ -194,7 +207,7 @@ def test_make_compose_demo_then_compose_down():
     assert not demo_dir.exists(), sorted(demo_dir.rglob("*"))[:20]
 
 
-def _wait_for_sites(demo: Make, project: str, timeout: float) -> None:
+def _wait_for_sites(demo: Make, project: str, timeout: float, sites: list[str] = SITES) -> None:
     """Until the four site containers run (the coordinator is then healthy: every key registered)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -202,11 +215,11 @@ def _wait_for_sites(demo: Make, project: str, timeout: float) -> None:
             raise AssertionError(f"make compose-demo ended before the sites started:\n{demo.output[-5000:]}")
         running = [
             s
-            for s in SITES
+            for s in sites
             if (ids := project_ids("ps", project, s))
             and ok(["docker", "inspect", "-f", "{{.State.Status}}", ids[0]], 60).strip() == "running"
         ]
-        if len(running) == len(SITES):
+        if len(running) == len(sites):
             return
         time.sleep(3)
     raise AssertionError(f"the sites did not start within {timeout:.0f}s:\n{demo.output[-5000:]}")
@@ -330,3 +343,48 @@ def _check_demo(demo: Make, project: str, demo_dir: Path, t0: float) -> None:
         "round_fit_s": [r["fit_seconds"] for r in rows[1:]],
     }
     print("make compose-demo figures:", json.dumps(figures))
+
+
+def _check_fedfr_demo(demo: Make, project: str, t0: float) -> None:
+    """The FedFR demo: four face sites train two rounds, then each scores its personalised model on its
+    own test identities in the evaluate round; the result line is the mean of what they reported."""
+    _wait_for_sites(demo, project, BUILD_TIMEOUT_S, FACE_SITES)
+    [coordinator] = project_ids("ps", project, "superlink")
+    image = ok(["docker", "inspect", "-f", "{{.Config.Image}}", coordinator], 60).strip()
+    assert image in IMAGES[:2], image
+    assert not [s for s in SITES if project_ids("ps", project, s)], "a Re-ID site started in the FedFR demo"
+    assert demo.wait(RUN_TIMEOUT_S) == 0, demo.output[-5000:]
+    print("make compose-demo TASK=fedfr:", round(time.monotonic() - t0, 1), "s")
+    assert len(FEDFR_RESULT.findall(demo.output)) == 1, demo.output[-3000:]
+    line = FEDFR_RESULT.search(demo.output)
+    [runs] = project_ids("volume", project, "runs")
+    rows = json.loads(volume_exec(image, runs, "/runs", "print(open('/runs/fedfr/metrics.json').read())"))
+    trained = [r for r in rows if r["round"] > 0]
+    assert [r["round"] for r in trained] == [1, 2], [r["round"] for r in rows]
+    for r in trained:
+        assert r["replied"] == 4 and set(r["sites"]) == set(FACE_SITES), r
+    last = trained[-1]
+    # every site scored itself (the coordinator holds no site's files), and the round's figure is their mean
+    per_site = last["site_eval"]
+    assert set(per_site) == set(FACE_SITES), per_site
+    metric = line["metric"]
+    for row, shown in (("personal", line["personal"]), ("global", line["generic"])):
+        values = [per_site[s][f"{row}/{metric}"] for s in FACE_SITES]
+        assert all(0.0 <= v <= 1.0 for v in values), values
+        assert float(shown) == pytest.approx(100 * sum(values) / len(values), abs=0.051), (row, values)
+        assert last[f"personal/{row}/{metric}"] == pytest.approx(sum(values) / len(values), abs=1e-9)
+    for s in FACE_SITES:
+        assert per_site[s]["test_images"] > 0 and per_site[s]["impostor_images"] > 0, (s, per_site[s])
+        [volume] = project_ids("volume", project, f"{s}_state")
+        st = json.loads(
+            volume_exec(
+                image,
+                volume,
+                "/state",
+                (
+                    "import json; from common.checkpoint import torch_load; d = torch_load('/state/fedfr_state.pt'); "
+                    "print(json.dumps({'site': d['site'], 'last_round': d['last_round']}))"
+                ),
+            )
+        )
+        assert st == {"site": s, "last_round": 2}, (s, st)

@@ -64,3 +64,38 @@ def test_preset_is_the_demo_for_two_rounds_evaluated_on_the_mounted_targets():
     # the sites' --batch-size (FEDREID_BATCH_SIZE, set by docker/compose-demo.sh) is the run's
     script = (REPO_ROOT / "docker" / "compose-demo.sh").read_text()
     assert re.findall(r"FEDREID_BATCH_SIZE=(\d+)", script) == [str(preset.train.batch_size)]
+
+
+def test_fedfr_result_line_is_the_sites_mean_of_the_last_evaluation():
+    sites = {
+        "face1": {"personal/TAR@FAR=0.01": 0.5, "global/TAR@FAR=0.01": 0.25, "test_images": 10.0},
+        "face2": {"personal/TAR@FAR=0.01": 0.7, "global/TAR@FAR=0.01": 0.35, "test_images": 10.0},
+    }
+    rows = [
+        {"round": 0, "ijbc/R1": 0.9},
+        {"round": 1, "ijbc/R1": 0.95},
+        # the coordinator's means, as server/fedfr/site_evaluation.py writes them: (0.5 + 0.7) / 2, (0.25 + 0.35) / 2
+        {"round": 2, "ijbc/R1": 0.96, "site_eval": sites, "personal/personal/TAR@FAR=0.01": 0.6,
+         "personal/global/TAR@FAR=0.01": 0.3},
+    ]  # fmt: skip
+    assert result_line(rows) == (
+        "compose-demo: round 2: personalised evaluation at 2 sites: TAR@FAR=0.01 60.0% with [Theta_l, Pi_l], "
+        "30.0% with Theta_g; generic model on the IJB-C-style set: ijbc/R1 96.0%"
+    )
+    with pytest.raises(ValueError, match="personalised evaluation"):
+        result_line([{"round": 1, "site_eval": {}}])
+
+
+def test_fedfr_preset_decays_within_its_two_rounds_and_reads_the_mounted_world():
+    cfg = compose_experiment(["experiment=compose-fedfr-demo"])
+    assert cfg.task == "fedfr" and cfg.rounds == 2 and max(cfg.fedfr.lr_milestones) <= cfg.rounds
+    assert (cfg.fedfr.public_root, cfg.fedfr.ijbc_root, cfg.fedfr.pretrained) == (
+        "/public",
+        "/ijbc",
+        "/pretrained/pretrained.pt",
+    )
+
+
+def test_setup_refuses_an_unknown_task_in_one_line():
+    with pytest.raises(SystemExit, match=r"setup DEMO_DIR \[fedreid\|fedfr\].*found \['setup', 'x', 'nope'\]"):
+        main(["setup", "x", "nope"])
