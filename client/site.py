@@ -185,13 +185,14 @@ class SiteClient(NumPyClient):
             # replaces it with its own in a site process, client/forward.py)
             "clientapp_seconds": process_age_s(),
         }
-        metrics = self.reply_metrics(stats, timing)
         log.info(
-            "site %s round %d: %s",
+            "site %s round %d: %s | %s",
             self.s.site,
             server_round,
-            ", ".join(f"{k}={v:.4f}" for k, v in metrics.items() if not isinstance(v, str)),
+            ", ".join(f"{k}={v:.4f}" for k, v in stats.items()),
+            ", ".join(f"{k}={v:.1f}" for k, v in timing.items()),
         )
+        metrics = self.reply_metrics(stats, timing)
         update = self.update(r)
         if self.fault is not None:
             return [self.fault.wire(self.s.site, server_round, self.manifest, update)], self.num_examples(), metrics
