@@ -108,7 +108,7 @@ class LineClient(SiteClient):
                 loss = ((r.model(x) - y) ** 2).mean()
                 loss.backward()
                 r.opt.step()
-        return {"loss": float(loss)}
+        return {"loss": loss.item()}
 
     def state_to_keep(self, st, r, stats, server_round):
         return LineState(
