@@ -2,7 +2,8 @@
 
 Every way a site runs builds it here: inside a per-message ClientApp (the simulation engine,
 ``--no-site-process``, unit tests) and inside the long-lived site process (``client/site_process.py``).
-A new task is a sub-package of ``client/`` with a ``NumPyClient`` and one entry in :data:`SITES`.
+A new task is a sub-package of ``client/`` with a ``SiteClient`` (the site skeleton, ``client/site.py``)
+and one entry in :data:`SITES` (docs/architecture.md, "Add a task").
 """
 
 from __future__ import annotations
