@@ -18,7 +18,7 @@ from typing import Any
 from server.replies import ReplyError
 
 # what a site's ClientApp adds to any task's metrics when it forwards to a site process
-# (client/forward.py) or times a per-message ClientApp (client/fedreid/client.py)
+# (client/forward.py) or times a per-message ClientApp (client/site.py)
 PROCESS_TIMINGS = (
     "startup_seconds",
     "forward_seconds",
@@ -63,7 +63,7 @@ def describe_dropped(names: list[str], shown: int = 3, width: int = 40) -> str:
     return f"{len(names)} metric key(s) not allowed for this task dropped (e.g. {sample}{', ...' if len(names) > shown else ''})"
 
 
-# FedReID (client/fedreid/client.py and train.py): timings, then the round's training statistics
+# FedReID (client/site.py, client/fedreid/client.py and train.py): timings, then the round's training statistics
 FEDREID_SITE_METRICS = SiteMetrics(
     numbers=frozenset(
         {
@@ -82,7 +82,7 @@ FEDREID_SITE_METRICS = SiteMetrics(
     )
 )
 
-# FedFR (client/fedfr/client.py and train.py): the weight N_i, timings, the round's statistics
+# FedFR (client/site.py, client/fedfr/client.py and train.py): the weight N_i, timings, the round's statistics
 FEDFR_SITE_METRICS = SiteMetrics(
     numbers=frozenset(
         {
