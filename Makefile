@@ -4,12 +4,13 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.install-stamp
 
-.PHONY: install demo demo-fedfr test test-fast lint bench soak clean help
+.PHONY: install demo demo-fedfr flwr-demo test test-fast lint bench soak clean help
 
 help:
 	@echo "make install   create $(VENV) and install the project (torch, flwr, ...) from pyproject.toml"
 	@echo "make demo      a whole FedReID federation on this machine (4 sites, synthetic data, CPU)"
 	@echo "make demo-fedfr  FedFR: pretrain + federation + generic/personalised evaluation (CPU)"
+	@echo "make flwr-demo the demo through \`flwr run .\` on Flower's local simulation SuperLink (docs/cli.md#flwr-run)"
 	@echo "make test      the test suite"
 	@echo "make test-fast the tests without real processes (pytest -m \"not e2e\"): the fast loop"
 	@echo "make bench     benchmarks (JSON on stdout)"
@@ -28,6 +29,13 @@ $(STAMP): pyproject.toml
 
 demo: install
 	$(BIN)/fedsim --out runs/demo
+
+# `flwr run .` as Flower users start an app: the demo on Flower's local simulation SuperLink, which
+# runs the app in this environment (no `uv sync` of its dependencies per run) on ports of its own
+flwr-demo: install
+	FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1 FLWR_LOCAL_SUPERLINK_HTTP_API_PORT=39191 \
+	FLWR_LOCAL_CONTROL_API_PORT=39193 PATH="$(abspath $(BIN)):$$PATH" \
+	$(BIN)/flwr run . --stream --run-config 'experiment="demo"' --federation-config 'num-supernodes=4'
 
 test: install
 	$(BIN)/python -m pytest -q

@@ -10,6 +10,8 @@ that site's node config first; a Ray worker keeps the parsed experiment and each
 ``NumPyClient`` for the run (:data:`VIRTUAL_SITES`), never a round's state. Every site's arrays
 cross the message through ``client/wire_client.py`` (Flower's ``.npy`` bytes, one copy each way);
 on the simulation engine the large ones travel as shared-memory files (``client/array_exchange_mod.py``).
+A run ``flwr run . --run-config 'experiment=...'`` submitted carries no site view: a virtual site
+composes the experiment from the run config as the ServerApp does (``common/config/flwr_run.py``).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from client.array_exchange_mod import array_exchange_mod
 from client.secure_aggregation_mod import secure_aggregation_mod, secure_update_mod
 from client.signed_instructions_mod import signed_instructions_mod
 from client.wire_client import WireClient
-from common.config.run import RUN_CONFIG_KEY, site_config
+from common.config.run import RUN_CONFIG_KEY, names_experiment, site_config
 from common.logs import setup_logging
 
 
@@ -62,6 +64,11 @@ def client_fn(context: Context):
     from client.virtual_site import is_virtual
 
     if is_virtual(node):  # simulation engine: partition id -> that virtual site's settings
+        if experiment == "{}" and names_experiment(context.run_config):
+            # `flwr run . --run-config 'experiment=...'`: composed here as the ServerApp composes it
+            from common.config.flwr_run import site_view_json
+
+            experiment = site_view_json(context.run_config)
         # the arrays as read-only views on the message's bytes: a site copies them as it unpacks them
         # (common/params.py from_wire), so a copy here would be a second one
         return WireClient(VIRTUAL_SITES.site(experiment, node), copy_in=False)

@@ -1,5 +1,7 @@
-"""The Flower ServerApp: the experiment from the run config, then the task's strategy and reporting
-(``server/tasks.py``: FedReID or FedFR).
+"""The Flower ServerApp: the experiment, then the task's strategy and reporting (``server/tasks.py``:
+FedReID or FedFR). The experiment is the file ``fedserver`` names (``FEDREID_SERVERAPP_CONFIG``),
+else the one a ``flwr run . --run-config 'experiment=...'`` names, composed from the run config
+(``server/flwr_run.py``); with neither the ServerApp stops in one line.
 
 On the simulation engine with ``engine.array_exchange`` files (a private Ray instance's default) the
 Grid Flower hands the ServerApp is wrapped so that the messages' large arrays travel as
@@ -21,12 +23,12 @@ from flwr.common import Context
 from flwr.server import Grid, LegacyContext, ServerApp, ServerAppComponents
 
 from common.array_exchange import exchange_folder
-from common.config.run import serverapp_config
 from common.instruction_signature import load_coordinator_key
 from common.logs import setup_logging
 from common.processes import RUN_TAG_ENV
 from server.array_exchange_grid import ArrayExchangeGrid
 from server.checkpoint import checkpoint_round
+from server.flwr_run import check_federation_size, composed_here, serverapp_experiment
 from server.secure_aggregation import secagg_settings
 from server.signing_grid import SigningGrid
 from server.tasks import server_task
@@ -36,7 +38,7 @@ log = logging.getLogger("fedserver")
 
 def server_fn(context: Context) -> ServerAppComponents:
     setup_logging("fedserver")
-    cfg = serverapp_config(context.run_config)  # the whole experiment; the run config is the sites' view
+    cfg = serverapp_experiment(context.run_config)  # fedserver's file, or the experiment `flwr run .` names
     if cfg.train.threads > 0:  # the coordinator's evaluation: the same numbers whatever the machine's core count
         torch.set_num_threads(cfg.train.threads)
     return server_task(cfg.task).components(cfg)
@@ -47,7 +49,10 @@ class FedServerApp(ServerApp):
     simulation run, moving the arrays through files."""
 
     def __call__(self, grid: Grid, context: Context) -> None:
-        cfg = serverapp_config(context.run_config)
+        setup_logging("fedserver")
+        cfg = serverapp_experiment(context.run_config)
+        if composed_here(context.run_config):  # `flwr run .`: as many virtual SuperNodes as sites
+            check_federation_size(grid, cfg)
         if cfg.superlink.coordinator_key:
             offset = checkpoint_round(cfg.resume_from) if cfg.resume_from else 0
             grid = SigningGrid(grid, load_coordinator_key(cfg.superlink.coordinator_key), round_offset=offset)
@@ -57,7 +62,6 @@ class FedServerApp(ServerApp):
         # the run's tag (server/simulation.py) names the folder, which the launcher removes too when
         # this process is killed; a run started without fedserver gets one of its own
         folder = exchange_folder(os.environ.get(RUN_TAG_ENV) or uuid.uuid4().hex[:12])
-        setup_logging("fedserver")
         log.info("array exchange: the messages' large arrays travel as files in %s", folder)
         with ArrayExchangeGrid.open(grid, folder) as exchange:
             self._run(exchange, context, cfg)

@@ -25,9 +25,9 @@ from pathlib import Path
 
 from common import processes
 from common.array_exchange import exchange_folders
+from common.config import virtual_sites
 from common.config.engine import VirtualSiteConfig
 from common.config.experiment import ExperimentConfig
-from common.config.site import default_state_dir, load_site
 from server.data_check import check_data_folders
 
 # engine.reuse_memory: glibc's malloc serves model-sized buffers from its heap and keeps what is freed
@@ -128,42 +128,12 @@ def federation_config(cfg: ExperimentConfig) -> str:
 
 
 def fill_virtual_sites(cfg: ExperimentConfig) -> dict[str, VirtualSiteConfig]:
-    """Every site of the run with its reader, data root and private state folder (absolute paths).
-
-    ``engine.sites.<name>`` wins; otherwise ``conf/site/<name>.yaml`` (as ``fedclient --site``).
-    """
-    out = {}
-    for site in cfg.sites:
-        vs = cfg.engine.sites.get(site)
-        if vs is None:
-            try:
-                d = load_site(site)
-            except ValueError as e:
-                raise SystemExit(
-                    f"fedserver: virtual site {site!r}: {e}; or give engine.sites.{site}.{{reader,data_root,state_dir}}"
-                ) from None
-            vs = VirtualSiteConfig(
-                reader=d.reader,
-                data_root=d.data_root,
-                state_dir=d.state_dir or default_state_dir(site),
-                public_root=d.public_root,
-                impostor_roots=d.impostor_roots,
-            )
-        if not vs.data_root:
-            raise SystemExit(f"fedserver: virtual site {site!r}: engine.sites.{site}.data_root is empty")
-        state = vs.state_dir or default_state_dir(site)
-        # FedFR: a virtual site reads the coordinator's copy of the public data unless given its own
-        # (fedfr.public_root itself is not in the site view)
-        public = vs.public_root or cfg.fedfr.public_root
-        out[site] = VirtualSiteConfig(
-            reader=vs.reader,
-            data_root=_abs(vs.data_root),
-            state_dir=_abs(state),
-            public_root=_abs(public) if public else "",
-            impostor_roots=os.pathsep.join(_abs(r) for r in vs.impostor_roots.split(os.pathsep) if r),
-            device=vs.device,
-        )
-    return out
+    """Every site of the run with its reader, data root and private state folder (absolute paths):
+    ``engine.sites.<name>``, else ``conf/site/<name>.yaml`` (common/config/virtual_sites.py)."""
+    try:
+        return virtual_sites.fill_virtual_sites(cfg)
+    except ValueError as e:
+        raise SystemExit(f"fedserver: {e}") from None
 
 
 def check_site_data(cfg: ExperimentConfig) -> None:
@@ -171,7 +141,3 @@ def check_site_data(cfg: ExperimentConfig) -> None:
     check_data_folders("virtual site", {site: (vs.reader, vs.data_root) for site, vs in cfg.engine.sites.items()})
     for vs in cfg.engine.sites.values():
         Path(vs.state_dir).mkdir(parents=True, exist_ok=True)
-
-
-def _abs(path: str) -> str:
-    return str(Path(path).expanduser().resolve())

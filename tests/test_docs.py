@@ -24,7 +24,7 @@ from common.config.compose import REPO_ROOT, compose_experiment, merge_overrides
 PAGES = [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").rglob("*.md"))]
 SHELL = ("bash", "sh", "shell")
 # programs that are not this project's: their lines are not parsed here
-OUTSIDE = {"ray", "docker", "sudo", "apt-get", "pip", "flwr", "tensorboard", "export", "cd"}
+OUTSIDE = {"ray", "docker", "sudo", "apt-get", "pip", "flower-superlink", "tensorboard", "export", "cd"}
 FENCE = re.compile(r"^```(\w*)\s*$")
 
 
@@ -176,6 +176,34 @@ def check_python(words: list[str]) -> None:
     _argparse(tools[module](), rest)
 
 
+def _option_values(words: list[str], *names: str) -> list[str]:
+    return [words[i + 1] for i, w in enumerate(words[:-1]) if w in names]
+
+
+def check_flwr(words: list[str]) -> None:
+    """``flwr run . --run-config ... --federation-config ...``: the run config's keys are the app's
+    (pyproject), its experiment composes as the ServerApp composes it, and the federation has one
+    virtual SuperNode per site. Other ``flwr`` commands are Flower's own."""
+    if words[:1] != ["run"]:
+        return
+    import tomllib
+
+    from flwr.common.config import parse_config_args
+
+    from common.config.flwr_run import compose_flwr_run
+
+    declared = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
+    given = parse_config_args(_option_values(words, "--run-config", "-c"))
+    assert set(given) <= set(declared), f"run config keys {sorted(set(given) - set(declared))} are not the app's"
+    if not given.get("experiment"):
+        return
+    cfg = compose_flwr_run({**declared, **given})
+    federation = parse_config_args(_option_values(words, "--federation-config"))
+    assert federation.get("num-supernodes") == len(cfg.sites), (
+        f"num-supernodes={federation.get('num-supernodes')}, the experiment has {len(cfg.sites)} sites"
+    )
+
+
 def make_targets() -> set[str]:
     text = (REPO_ROOT / "Makefile").read_text() + (REPO_ROOT / "docker" / "compose.mk").read_text()
     return set(re.findall(r"^([\w%-]+):(?!=)", text, flags=re.M))
@@ -198,6 +226,7 @@ CHECKS: dict[str, Callable[[list[str]], None]] = {
     "fedstudy": check_fedstudy,
     "python": check_python,
     "make": check_make,
+    "flwr": check_flwr,
 }
 
 
@@ -264,6 +293,9 @@ def test_documented_site_yaml_is_a_site_config(where: str, body: str, tmp_path, 
         "fedstudy no-such-study",
         "python -m common.datasets.face_split src out --clients 4",  # --public missing
         "make no-such-target",
+        "flwr run . --run-config 'experiment=\"demo\" rounds=2'",  # not a key of the app's run config
+        "flwr run . --run-config 'experiment=\"demo\"' --federation-config 'num-supernodes=2'",  # 4 sites
+        'flwr run . --run-config \'experiment="demo" overrides="trian.batch_size=4"\'',
     ],
 )
 def test_a_wrong_command_is_caught(line: str):

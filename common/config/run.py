@@ -6,7 +6,10 @@ So what ``flwr run`` submits is ``ExperimentConfig.site_view()`` (no ``superlink
 certificate paths, no coordinator paths). ``fedserver`` writes the whole config to
 ``RUN_DIR/serverapp_config.json`` (0600) and names that file (``FEDREID_SERVERAPP_CONFIG``) in the
 environment of the SuperExec that starts the ServerApp, which the ServerApp process inherits; the
-ServerApp reads it and checks that its site view is what the run carries.
+ServerApp reads it and checks that its site view is what the run carries. Without that file, a run
+``flwr run . --run-config 'experiment=...'`` submitted is composed from its run config by the
+ServerApp and the ClientApps alike (common/config/flwr_run.py); with neither, the ServerApp stops
+in one line.
 """
 
 from __future__ import annotations
@@ -23,6 +26,23 @@ if TYPE_CHECKING:  # a site process's forwarder reads RUN_CONFIG_KEY only: no om
 ENV = "FEDREID_SERVERAPP_CONFIG"
 FILE = "serverapp_config.json"
 RUN_CONFIG_KEY = "experiment-json"
+EXPERIMENT_KEY = "experiment"  # `flwr run . --run-config 'experiment=NAME'` (common/config/flwr_run.py)
+
+
+EXAMPLE = "flwr run . --run-config 'experiment=\"demo\"' --federation-config 'num-supernodes=4'"
+
+
+def refusal() -> str:
+    """The one line of a ServerApp given neither fedserver's file nor an experiment."""
+    return (
+        "the run names no experiment: run one machine's federation with "
+        f"`{EXAMPLE}`, or start the run with `fedserver` (which passes FEDREID_SERVERAPP_CONFIG)"
+    )
+
+
+def names_experiment(run_config: Mapping[str, Any]) -> bool:
+    """True when the run config names an experiment to compose (``flwr run . --run-config``)."""
+    return bool(str(run_config.get(EXPERIMENT_KEY, "")).strip())
 
 
 def write_serverapp_config(run_dir: Path, cfg: ExperimentConfig) -> Path:
@@ -47,15 +67,13 @@ def site_config(run_config: Mapping[str, Any]) -> ExperimentConfig:
 
 
 def serverapp_config(run_config: Mapping[str, Any], environ: Mapping[str, str] = os.environ) -> ExperimentConfig:
-    """The ServerApp's experiment: the file named by ``FEDREID_SERVERAPP_CONFIG``, checked against the run."""
+    """The ServerApp's experiment: the file named by ``FEDREID_SERVERAPP_CONFIG``, checked against the
+    run; without it a one-line RuntimeError that names ``fedserver`` and ``flwr run . --run-config``."""
     from common.config.experiment import ExperimentConfig
 
     path = environ.get(ENV, "")
-    if not path:
-        raise RuntimeError(
-            f"the ServerApp was started without {ENV}: start runs with `fedserver`, which writes "
-            f"RUN_DIR/{FILE} and passes it to the SuperLink"
-        )
+    if not path:  # neither fedserver's run nor an experiment `flwr run .` names (common/config/flwr_run.py)
+        raise RuntimeError(refusal())
     try:
         cfg = ExperimentConfig.from_dict(json.loads(Path(path).read_text()))
     except OSError as e:
