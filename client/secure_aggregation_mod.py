@@ -59,7 +59,7 @@ def secure_update_mod(message: Message, context: Context, call_next) -> Message:
             message,
             f"site {site} refused the fit: privacy.require_secure_aggregation=true expects the fit through "
             "secure aggregation (SecAgg+), found a plain fit (the coordinator runs without "
-            "privacy.secure_aggregation=true); nothing was trained or sent",
+            "privacy.secure_aggregation=true); nothing was trained, no update sent",
         )
     if SCALE_KEY not in ins.config:
         return call_next(message, context)

@@ -68,7 +68,8 @@ def test_a_site_that_requires_secure_aggregation_trains_under_secagg(tmp_path):
     row = rows[1]
     assert row["failures"] == 0 and row["aggregated"] is True and sorted(row["sites"]) == SITES
     assert row["update_norms"] == {}  # only the sum reached the coordinator
-    assert "secure aggregation (SecAgg+)" in server_log and "refused" not in site_log
+    assert "secure aggregation (SecAgg+)" in server_log and "refused the fit" not in site_log
+    assert "privacy.require_secure_aggregation: a fit instruction outside secure aggregation" in site_log
     models = [trained[s]["model"] for s in SITES]
     for key, got in final.items():
         plain = np.mean([m[key].float().numpy() for m in models], axis=0)
