@@ -100,6 +100,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--no-site-process", action="store_true", help=hide)
     p.add_argument("--site-restarts", type=int, default=5, help=hide)
     p.add_argument("--batch-size", type=int, default=None, help=hide)
+    p.add_argument("--require-secure-aggregation", action="store_true", help=hide)
     p.add_argument("--verify-images", action="store_true", help=hide)
     # fault injection for tests and benchmarks only (client/faults.py), e.g. --fault nan
     p.add_argument("--fault", default="", help=hide)
@@ -161,6 +162,12 @@ def main(argv: list[str] | None = None) -> None:
             "fedclient: WARNING: superlink.insecure (--insecure): traffic to the coordinator is NOT encrypted",
             file=sys.stderr,
         )
+    if settings.require_secure_aggregation:
+        print(
+            f"fedclient: site {a.site}: privacy.require_secure_aggregation: a fit instruction outside secure "
+            "aggregation (SecAgg+) is refused, nothing is trained or sent for it",
+            flush=True,
+        )
     sys.exit(run_site(a, settings, home))
 
 
@@ -180,6 +187,7 @@ def site_settings(a: argparse.Namespace) -> SiteConfig:
         impostor_roots=_absolute_roots(a.impostor_roots or site.impostor_roots),
         device=a.device,
         fault=a.fault,
+        require_secure_aggregation=a.require_secure_aggregation or site.require_secure_aggregation,
     )
 
 

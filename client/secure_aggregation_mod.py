@@ -10,6 +10,10 @@ ClientApp mods around Flower's ``secaggplus_mod``.
   asked (client-level DP), multiplied by its ``secagg_scale``, with ``num_examples = 1`` (the weight
   is in the scale, under the mask). A marked fit that did not come through a SecAgg+ stage is refused:
   the update never leaves the site in the clear under a coordinator that asked for it masked.
+  A site whose operator set ``privacy.require_secure_aggregation`` (node config
+  ``require-secure-aggregation``) refuses every fit that did not come through a SecAgg+ stage, marked
+  or not: it neither trains nor replies with an update under a coordinator that left secure
+  aggregation off.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from flwr.client.mod import secaggplus_mod
 from flwr.common import Code, Parameters, bytes_to_ndarray, ndarray_to_bytes
 
 from client.secagg_flower import carries_secagg_stage, fit_ins, fit_res, fit_res_content
+from common.logs import setup_logging
 from common.secure_update import clip_to_norm, flat_update, out_of_range
 
 log = logging.getLogger("fedclient")
@@ -31,6 +36,7 @@ CLIP_NORM_KEY = "secagg_clip_norm"
 DTYPE_KEY = "secagg_dtype"
 RANGE_KEY = "secagg_clip_range"
 REFUSED_CODE = 6  # flwr.common.constant.ErrorCode.MOD_FAILED_PRECONDITION
+REQUIRE_KEY = "require-secure-aggregation"  # the site's switch in its node config (common/config/site.py)
 
 
 def secure_aggregation_mod(message: Message, context: Context, call_next) -> Message:
@@ -46,12 +52,22 @@ def secure_update_mod(message: Message, context: Context, call_next) -> Message:
         ins = fit_ins(message.content)
     except KeyError:  # not a fit instruction
         return call_next(message, context)
+    site = context.node_config.get("site", "?")
+    required = str(context.node_config.get(REQUIRE_KEY, "")).lower() == "true"
+    if required and not carries_secagg_stage(message.content):
+        return _refuse(
+            message,
+            f"site {site} refused the fit: privacy.require_secure_aggregation=true expects the fit through "
+            "secure aggregation (SecAgg+), found a plain fit (the coordinator runs without "
+            "privacy.secure_aggregation=true); nothing was trained, no update sent",
+        )
     if SCALE_KEY not in ins.config:
         return call_next(message, context)
     if not carries_secagg_stage(message.content):
-        why = "refused by the site: a fit marked for secure aggregation arrived outside a SecAgg+ stage"
-        log.warning("site %s: %s", context.node_config.get("site", "?"), why)
-        return Message(Error(code=REFUSED_CODE, reason=why), reply_to=message)
+        return _refuse(
+            message,
+            f"site {site}: refused by the site: a fit marked for secure aggregation arrived outside a SecAgg+ stage",
+        )
     reply = call_next(message, context)
     if reply.has_error():
         return reply
@@ -79,3 +95,10 @@ def secure_update_mod(message: Message, context: Context, call_next) -> Message:
     res.parameters = Parameters(tensors=[ndarray_to_bytes(update)], tensor_type="numpy.ndarray")
     res.num_examples = 1
     return Message(fit_res_content(res), reply_to=message)
+
+
+def _refuse(message: Message, why: str) -> Message:
+    """The error reply in place of the fit's, said in one line in the site's log."""
+    setup_logging("fedclient")  # the mod runs before client_fn, which sets up the site's log
+    log.warning("%s", why)
+    return Message(Error(code=REFUSED_CODE, reason=why), reply_to=message)

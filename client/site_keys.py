@@ -63,6 +63,12 @@ SITE_KEYS: tuple[SiteKey, ...] = (
     SiteKey("site.flwr_home", "--flwr-home", "the SuperNode's Flower home (default STATE_DIR/flwr_home)"),
     SiteKey("site.process", "--no-site-process", "false: no long-lived site process (docs/deployment.md)", "off"),
     SiteKey("site.restarts", "--site-restarts", "restarts of a site process that died (default 5)"),
+    SiteKey(
+        "privacy.require_secure_aggregation",
+        "--require-secure-aggregation",
+        "true: refuse every fit instruction that does not come through secure aggregation (SecAgg+)",
+        "on",
+    ),
 )
 BY_KEY = {k.key: k for k in SITE_KEYS}
 TRUE, FALSE = ("true", "yes", "on", "1"), ("false", "no", "off", "0")

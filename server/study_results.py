@@ -72,17 +72,27 @@ def summarize(per_run: dict[str, dict[int, dict[str, float]]], metrics: list[str
     return out
 
 
-def _fmt(cell: dict | None, scale: float) -> str:
+# metrics that are not rates: shown as they are, with this many decimals, never in %
+NOT_RATES = {"dp_epsilon": 2}  # client-level DP's epsilon spent (common/dp_accountant.py)
+
+
+def _fmt(cell: dict | None, scale: float, decimals: int = 1) -> str:
     if cell is None:
         return "–"
-    return f"{scale * cell['mean']:.1f} ± {scale * cell['std']:.1f}"
+    return f"{scale * cell['mean']:.{decimals}f} ± {scale * cell['std']:.{decimals}f}"
 
 
 def markdown_table(summary: dict[str, dict[str, dict]], metrics: list[str], *, scale: float = 100.0) -> str:
-    """Variants x metrics, each cell "mean ± std" (in %, ``scale`` 100)."""
+    """Variants x metrics, each cell "mean ± std" (rates in %, ``scale`` 100; NOT_RATES as they are)."""
     lines = ["| variant | " + " | ".join(metrics) + " |", "|---" * (len(metrics) + 1) + "|"]
+
+    def cell(cells: dict, m: str) -> str:
+        if m in NOT_RATES:
+            return _fmt(cells.get(m), 1.0, NOT_RATES[m])
+        return _fmt(cells.get(m), scale)
+
     for variant, cells in summary.items():
-        lines.append(f"| {variant} | " + " | ".join(_fmt(cells.get(m), scale) for m in metrics) + " |")
+        lines.append(f"| {variant} | " + " | ".join(cell(cells, m) for m in metrics) + " |")
     return "\n".join(lines) + "\n"
 
 

@@ -70,11 +70,23 @@ def tiny_fedsim(out: Path, overrides: list[str], timeout_s: int = 420) -> list[s
     return [sys.executable, "-m", "server.sim", *args, *tiny, *overrides]
 
 
+# Flower's simulation engine on a small shared machine (fedsim / the FedFR demo options): Ray with a
+# small object store and two CPUs; SIMULATION_ENV: no Ray memory monitor (it kills workers when *other*
+# programs fill the memory), one thread per site
+SIMULATION = ["--engine", "simulation", "engine.ray_num_cpus=2", "engine.object_store_fraction=0.02"]
+SIMULATION_ENV = {"RAY_memory_monitor_refresh_ms": "0", "OMP_NUM_THREADS": "1"}
+
+
 def run_with_threads(cmd: list[str], threads: str, *, cwd: Path, marker: str, timeout_s: float) -> tuple[int, str]:
     """``run_to_end`` with OMP_NUM_THREADS = MKL_NUM_THREADS = ``threads`` in the environment every
-    process of ``cmd`` inherits (fedserver, the ServerApp, the sites); this process's own
-    environment is restored afterwards."""
+    process of ``cmd`` inherits (fedserver, the ServerApp, the sites)."""
     env = {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
+    return run_with_env(cmd, env, cwd=cwd, marker=marker, timeout_s=timeout_s)
+
+
+def run_with_env(cmd: list[str], env: dict[str, str], *, cwd: Path, marker: str, timeout_s: float) -> tuple[int, str]:
+    """``run_to_end`` with ``env`` added to the environment every process of ``cmd`` inherits; this
+    process's own environment is restored afterwards."""
     old = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     try:
@@ -171,10 +183,13 @@ class Federation:
         args = [f"resume={self.run_dir}", *transport] if resume else self.overrides
         return self.launcher.start_server(args, log_path=self.root / "fedserver.log")
 
-    def start_site(self, site: str, fault: str = "", *, no_site_process: bool = False) -> subprocess.Popen:
+    def start_site(
+        self, site: str, fault: str = "", *, no_site_process: bool = False, extra: list[str] | None = None
+    ) -> subprocess.Popen:
+        """``fedclient`` of ``site``; ``extra``: more of its options (``KEY=VALUE`` or flags)."""
         local = LocalSite(site, "market1501", self.data_root(site), self.state_dir(site))
-        extra = (["--fault", fault] if fault else []) + (["--no-site-process"] if no_site_process else [])
-        return self.launcher.start_site(local, batch_size=self.batch_size(), extra=extra)
+        options = (["--fault", fault] if fault else []) + (["--no-site-process"] if no_site_process else [])
+        return self.launcher.start_site(local, batch_size=self.batch_size(), extra=[*options, *(extra or [])])
 
     def kill_site(self, site: str) -> None:
         """SIGKILL the site's fedclient, SuperNode and ClientApp processes (a crash, no clean-up): the

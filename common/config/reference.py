@@ -24,6 +24,7 @@ import yaml
 from common.config.compose import REPO_ROOT, conf_dir, merge_overrides
 from common.config.engine import VirtualSiteConfig
 from common.config.experiment import ExperimentConfig, TargetConfig
+from common.config.site import YAML_KEYS, SiteConfig
 
 PAGE = REPO_ROOT / "docs" / "configuration.md"
 GROUPS = ("experiment", "model", "strategy", "privacy", "engine")
@@ -199,8 +200,27 @@ def render() -> str:
         "",
         ", ".join(f"`{p.stem}`" for p in sorted((conf / "site").glob("*.yaml"))),
         "",
+        "The keys of a site's yaml; `fedclient` sets each with `KEY=VALUE` too (`fedclient --help` lists",
+        "their names there: `require_secure_aggregation` is `privacy.require_secure_aggregation=true`):",
+        "",
+        "| key | type | default | meaning |",
+        "|---|---|---|---|",
+        *site_rows(),
+        "",
     ]
     return "\n".join(out)
+
+
+def site_rows() -> list[str]:
+    """A row per key of a site's yaml (``name`` is SiteConfig's ``site``)."""
+    comments = field_comments(SiteConfig)
+    fields = {f.name: f for f in dataclasses.fields(SiteConfig)}
+    rows = []
+    for key in YAML_KEYS:
+        f = fields["site" if key == "name" else key]
+        default = "required" if f.default is dataclasses.MISSING else f"`{_value(f.default)}`"
+        rows.append(f"| `{key}` | {_cell(_type_name(f))} | {default} | {_cell(comments.get(f.name, ''))} |")
+    return rows
 
 
 def main(argv: list[str] | None = None) -> int:

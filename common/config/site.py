@@ -19,7 +19,15 @@ from common.config.compose import conf_dir, site_names
 from common.config.experiment import check_site_name
 from common.config.structured import build
 
-YAML_KEYS = ("name", "reader", "data_root", "state_dir", "public_root", "impostor_roots")  # conf/site/<name>.yaml
+YAML_KEYS = (
+    "name",
+    "reader",
+    "data_root",
+    "state_dir",
+    "public_root",
+    "impostor_roots",
+    "require_secure_aggregation",
+)  # conf/site/<name>.yaml
 REQUIRED_YAML_KEYS = ("name", "reader", "data_root")
 
 
@@ -32,8 +40,8 @@ def default_state_dir(site: str) -> str:
 class SiteConfig:
     """What a site operator configures (the yaml's ``name`` is ``site`` here)."""
 
-    site: str
-    data_root: str
+    site: str  # the site's name: conf/site/<name>.yaml, the name the coordinator's sites=[...] lists
+    data_root: str  # the site's dataset folder
     reader: str = "market1501"  # common.datasets.READERS or a face reader
     state_dir: str = ""  # the site's private state (head, expert, optimizer); "" = default_state_dir
     public_root: str = ""  # FedFR: the site's copy of the public face data ("" = the run's fedfr.public_root)
@@ -49,6 +57,9 @@ class SiteConfig:
     # the coordinator's public key (coordinator.pub): every instruction must carry its signature
     # (client/signed_instructions_mod.py); "" = instructions are not verified (plain text only)
     coordinator_key: str = ""
+    # refuse every fit instruction that does not come through secure aggregation (SecAgg+):
+    # the site's update never leaves it in the clear, whatever the coordinator runs
+    require_secure_aggregation: bool = False
 
     # field -> node-config key; the first five always travel, the others only when set
     NODE_KEYS = {
@@ -63,6 +74,7 @@ class SiteConfig:
         "hold_state": "hold-state",
         "site_socket": "site-socket",
         "coordinator_key": "coordinator-key",
+        "require_secure_aggregation": "require-secure-aggregation",
     }
     ALWAYS = ("site", "data_root", "reader", "state_dir", "device")
 
@@ -96,6 +108,7 @@ class SiteConfig:
         d = {name: str(node_config[key]) for name, key in cls.NODE_KEYS.items() if key in node_config}
         d["site"] = check_site_name(d["site"])  # it names the state folder: no path
         d["hold_state"] = d.get("hold_state", "").lower() == "true"  # set by the site process
+        d["require_secure_aggregation"] = d.get("require_secure_aggregation", "").lower() == "true"
         return cls(**d)
 
 

@@ -149,6 +149,14 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     return parse_demo_args(p, argv, site_prefix="face")
 
 
+def site_overrides(a: argparse.Namespace, names: list[str]) -> list[str]:
+    """The demo's sites and, as the operator's registry of FedFR weights (Eq. 2/4; what secure
+    aggregation needs, docs/privacy.md), each one's own training images: the split gives every site
+    ``ids_per_site`` identities of ``train`` images. The pooled site alone needs no weight."""
+    registry = [] if POOLED in names else [f"++strategy.site_images.{n}={a.ids_per_site * a.train}" for n in names]
+    return [f"sites=[{','.join(names)}]", f"strategy.min_available_sites={len(names)}", *registry]
+
+
 def run_overrides(
     a: argparse.Namespace, out: Path, roots: dict[str, Path], sites: list[LocalSite], overrides: list[str]
 ) -> list[str]:
@@ -156,9 +164,8 @@ def run_overrides(
     return [
         "experiment=fedfr-demo",
         f"run_dir={out}",
-        f"sites=[{','.join(a.sites)}]",
+        *site_overrides(a, list(a.sites)),
         f"seed={a.seed}",
-        f"strategy.min_available_sites={len(a.sites)}",
         f"fedfr.image_size={a.size}",
         f"fedfr.public_root={roots['public']}",
         f"fedfr.ijbc_root={roots['ijbc']}",
@@ -247,7 +254,7 @@ def federate(a: argparse.Namespace, out: Path, sites: list[LocalSite], overrides
 
 def main(argv: list[str] | None = None) -> None:
     a, overrides = parse_args(argv)
-    cfg = compose_experiment(["experiment=fedfr-demo", *overrides])
+    cfg = compose_experiment(["experiment=fedfr-demo", *site_overrides(a, list(a.sites)), *overrides])
     try:
         check_lr_milestones(cfg.fedfr.lr_milestones, cfg.rounds)  # before any data or pre-training
     except ValueError as e:

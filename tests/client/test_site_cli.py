@@ -11,9 +11,11 @@ from pathlib import Path
 import pytest
 
 from client.coordinator_wait import wait_for_coordinator
-from client.main import parser
+from client.main import parser, site_settings
+from client.secure_aggregation_mod import REQUIRE_KEY
 from client.site_keys import SITE_KEYS, coordinator_sections, to_flags
 from common import processes, superexec
+from common.config.site import SiteConfig
 from common.config.structured import ConfigError
 from common.datasets.synthetic import write_market_layout
 
@@ -56,6 +58,18 @@ def test_keys_and_flags_reach_the_same_settings():
     assert (by_keys.batch_size, by_keys.no_site_process, by_keys.connect_interval) == (8, True, 0.5)
     assert to_flags(["superlink.insecure=true", "site.process=true", "superlink.insecure=no"]) == ["--insecure"]
     assert to_flags(["--site", "a", "--data-root=/x"]) == ["--site", "a", "--data-root=/x"]  # options untouched
+
+
+@pytest.mark.parametrize("words", [["privacy.require_secure_aggregation=true"], ["--require-secure-aggregation"]])
+def test_the_secure_aggregation_switch_reaches_the_clientapps_node_config(words):
+    a = parser().parse_args(to_flags(["site=market1501", "site.data_root=/data/m", *words]))
+    settings = site_settings(a)
+    assert settings.require_secure_aggregation is True
+    node = settings.to_node_config()
+    assert node[REQUIRE_KEY] == "true"  # the key the site's mod reads
+    assert SiteConfig.from_node_config(node).require_secure_aggregation is True
+    off = site_settings(parser().parse_args(to_flags(["site=market1501", "privacy.require_secure_aggregation=false"])))
+    assert off.require_secure_aggregation is False and REQUIRE_KEY not in off.to_node_config()
 
 
 def test_every_key_has_its_alias_in_the_parser_and_shared_keys_are_the_coordinators():

@@ -10,6 +10,7 @@ computed from R and Q, plus float32 rounding.
 from __future__ import annotations
 
 import copy
+import logging
 from types import SimpleNamespace
 
 import numpy as np
@@ -76,15 +77,22 @@ def site_app(site: Site) -> ClientApp:
     return ClientApp(client_fn=client_fn, mods=[secure_aggregation_mod, secure_update_mod])
 
 
+def site_node(name: str, extra: dict | None = None) -> dict:
+    """A site's node config: its name and what its operator set (``extra``)."""
+    return {"site": name, **(extra or {})}
+
+
 class LoopbackGrid(Grid):
     """Delivers each message to its node's ClientApp in this process; a node listed in ``dead_after``
     answers nothing once that many SecAgg+ stages have run (killed after the key exchange: 2)."""
 
-    def __init__(self, sites: dict[int, Site], dead_after: dict[int, int] | None = None):
+    def __init__(self, sites: dict[int, Site], dead_after: dict[int, int] | None = None, node_config=None):
         self.sites = sites
         self.apps = {nid: site_app(s) for nid, s in sites.items()}
         self.contexts = {
-            nid: Context(run_id=1, node_id=nid, node_config={"site": s.name}, state=RecordDict(), run_config={})
+            nid: Context(
+                run_id=1, node_id=nid, node_config=site_node(s.name, node_config), state=RecordDict(), run_config={}
+            )
             for nid, s in sites.items()
         }
         self.dead_after = dead_after or {}
@@ -148,9 +156,9 @@ class RecordingFedFR(Recording, FedFRStrategy):
     pass
 
 
-def secure_round(dead_after=None, cls=Recording, **kw):
+def secure_round(dead_after=None, cls=Recording, node_config=None, **kw):
     sites = {nid: Site(name) for nid, name in zip((11, 12, 13, 14), STRATEGY_SITES)}
-    grid = LoopbackGrid(sites, dead_after)
+    grid = LoopbackGrid(sites, dead_after, node_config)
     s = strategy(cls, secagg=SETTINGS, **kw)
     base = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config={})
     legacy = LegacyContext(base, config=ServerConfig(num_rounds=1), strategy=s, client_manager=SimpleClientManager())
@@ -268,6 +276,62 @@ def test_a_marked_fit_outside_a_secagg_stage_is_refused_by_the_site():
     reply = app(msg, ctx)
     assert reply.has_error() and "outside a SecAgg+ stage" in reply.error.reason
     assert site.received is None  # the site never trained
+
+
+class ListHandler(logging.Handler):
+    def __init__(self):
+        super().__init__()
+        self.messages: list[str] = []
+
+    def emit(self, record):
+        self.messages.append(record.getMessage())
+
+
+REQUIRE = {"require-secure-aggregation": "true"}  # fedclient privacy.require_secure_aggregation=true
+
+
+@pytest.mark.parametrize("marked", [False, True], ids=["plain-fit", "marked-fit"])
+def test_a_site_that_requires_secure_aggregation_refuses_any_fit_outside_secagg_in_one_line(marked):
+    site = Site("cuhk03")
+    s = strategy(secagg=SETTINGS) if marked else strategy()
+    (proxy, ins), *_ = s.configure_fit(1, s.initial_parameters, manager_of(STRATEGY_SITES))
+    from flwr.compat.common import recorddict_compat
+
+    msg = Message(recorddict_compat.fitins_to_recorddict(ins, True), dst_node_id=11, message_type=MessageType.TRAIN)
+    ctx = Context(run_id=1, node_id=11, node_config=site_node("cuhk03", REQUIRE), state=RecordDict(), run_config={})
+    lines = ListHandler()
+    logging.getLogger("fedclient").addHandler(lines)
+    try:
+        reply = site_app(site)(msg, ctx)
+    finally:
+        logging.getLogger("fedclient").removeHandler(lines)
+    assert site.received is None  # the site never trained
+    assert reply.has_error() and not reply.has_content()  # no parameters, no metrics
+    why = reply.error.reason
+    assert why.startswith("site cuhk03 refused the fit: privacy.require_secure_aggregation=true expects")
+    assert "\n" not in why
+    # the same line in the site's log
+    assert lines.messages == [why]
+
+
+def test_a_plain_fit_trains_at_a_site_without_the_switch():
+    site = Site("cuhk03")
+    s = strategy()
+    (proxy, ins), *_ = s.configure_fit(1, s.initial_parameters, manager_of(STRATEGY_SITES))
+    from flwr.compat.common import recorddict_compat
+
+    msg = Message(recorddict_compat.fitins_to_recorddict(ins, True), dst_node_id=11, message_type=MessageType.TRAIN)
+    ctx = Context(run_id=1, node_id=11, node_config=site_node("cuhk03"), state=RecordDict(), run_config={})
+    reply = site_app(site)(msg, ctx)
+    assert not reply.has_error() and site.received is not None
+
+
+def test_sites_that_require_secure_aggregation_train_under_secagg():
+    s, _, sites = secure_round(node_config=REQUIRE)
+    assert all(site.received is not None for site in sites.values())
+    for g, w in zip(unpacked(MAN, s.result[0]), plain_round(STRATEGY_SITES)):
+        np.testing.assert_allclose(g, w, rtol=0, atol=bound(4, 4))
+    assert s.records[1].averaged == sorted(STRATEGY_SITES)
 
 
 @pytest.mark.parametrize("shares,threshold", [(1.0, 0.67), (3, 2)])

@@ -115,6 +115,9 @@ def test_pure_pieces():
     s = summarize({"v": {0: {"m": 0.5}, 1: {"m": 0.7}, 2: {}}}, ["m", "absent"])
     assert s == {"v": {"m": {"mean": 0.6, "std": pytest.approx(0.1), "n": 2, "values": [0.5, 0.7]}}}
     assert "| v | 60.0 ± 10.0 | – |" in markdown_table(s, ["m", "absent"])
+    # epsilon is not a rate: as it is, not in %
+    eps = summarize({"v": {0: {"m": 0.5, "dp_epsilon": 4.0}, 1: {"m": 0.7, "dp_epsilon": 5.0}}}, ["m", "dp_epsilon"])
+    assert "| v | 60.0 ± 10.0 | 4.50 ± 0.50 |" in markdown_table(eps, ["m", "dp_epsilon"])
     per_site = {"a": {"mean/R1": 0.2, "mean/mAP": 0.1}, "b": {"mean/R1": 0.6, "mean/mAP": 0.05}}
     got = summarize_sites(per_site)
     assert got["mean/R1"] == pytest.approx(0.4) and got["best/mean/R1"] == 0.6

@@ -1,0 +1,115 @@
+"""Both privacy options on both tasks and both Flower runtimes, one round each on the tiny worlds.
+
+Which real-process test runs each cell (task x engine x option):
+
+| task    | engine     | privacy=dp                                         | privacy=secagg                                          |
+|---------|------------|----------------------------------------------------|---------------------------------------------------------|
+| FedReID | deployment | test_dp_e2e: max_epsilon stops the run             | test_secure_aggregation_e2e: 4 sites, one killed        |
+| FedReID | simulation | here                                               | here                                                    |
+| FedFR   | deployment | test_dp_e2e: a FedFR round with a target epsilon   | here                                                    |
+| FedFR   | simulation | here                                               | here                                                    |
+
+DP: epsilon in metrics.json equals dp-accounting's RDP accountant called here, and every update
+longer than C is clipped to C exactly. Secure aggregation: the coordinator saw no update alone (no
+per-site norm) and released the plain mean of what the sites trained (their state files) within the
+quantisation bound 2R/Q per value, the sites having equal weights (FedReID's mean; FedFR's
+image counts, equal here).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import dp_accounting
+import numpy as np
+import pytest
+from dp_accounting.rdp import RdpAccountant
+
+from common.checkpoint import torch_load
+from tests.federation import SIMULATION, SIMULATION_ENV, run_with_env, tiny_fedfr_demo, tiny_fedsim
+from tests.procutil import processes_mentioning
+
+REPO = Path(__file__).resolve().parents[2]
+R, Q = 8.0, 2**22  # privacy.secagg_clip_range and privacy.secagg_quantization_range defaults
+C, Z = 0.05, 1.0  # clip norm and noise multiplier of the DP runs
+REID_SITES, FR_SITES = ["dukemtmc", "market1501"], ["face1", "face2"]
+IDENTITIES = 8  # FedReID's tiny world: 2 sites x 4 identities (privacy.identities)
+FR_DELTA = 1e-3
+
+
+def _command(task: str, engine: str, option: str, out: Path) -> list[str]:
+    engine_args = SIMULATION if engine == "simulation" else []
+    if option == "dp":
+        privacy = ["privacy=dp", f"privacy.clip_norm={C}", f"privacy.noise_multiplier={Z}"]
+        privacy += [f"privacy.identities={IDENTITIES}"] if task == "fedreid" else [f"privacy.delta={FR_DELTA}"]
+    else:
+        privacy = ["privacy=secagg"]  # FedFR's registry of image counts: the demo's (12 a site)
+    if task == "fedreid":
+        return tiny_fedsim(out, [*engine_args, "rounds=1", *privacy])
+    return [*tiny_fedfr_demo(out), *engine_args, *privacy]
+
+
+def _rdp_epsilon(sample_rate: float, rounds: int, delta: float) -> float:
+    """dp-accounting's RDP accountant of the (Poisson-subsampled) Gaussian mechanism, called directly."""
+    step = dp_accounting.GaussianDpEvent(Z)
+    if sample_rate < 1:
+        step = dp_accounting.PoissonSampledDpEvent(sample_rate, step)
+    accountant = RdpAccountant()
+    accountant.compose(dp_accounting.SelfComposedDpEvent(step, rounds))
+    return accountant.get_epsilon(delta)
+
+
+def _check_dp(row: dict, sites: list[str], delta: float) -> None:
+    assert row["dp_epsilon"] == pytest.approx(_rdp_epsilon(row["sampled"] / len(sites), 1, delta), rel=1e-9)
+    assert row["norm_limit"] == C and set(row["clipped"]) == set(sites)
+    for site, factor in row["clipped"].items():  # one local step moves the model by more than C
+        assert factor == pytest.approx(C / row["update_norms"][site], abs=2e-6)  # both kept to 6 decimals
+
+
+def _check_secure_mean(out: Path, row: dict, sites: list[str], state_file: str) -> None:
+    assert row["update_norms"] == {} and row["clipped"] == {}  # the coordinator had no update alone
+    final = {k: v.float().numpy() for k, v in torch_load(out / "global_final.pt")["state_dict_shared"].items()}
+    trained = [torch_load(out / "state" / s / state_file)["model"] for s in sites]
+    for key, got in final.items():
+        plain = np.mean([t[key].float().numpy() for t in trained], axis=0)
+        # each value of the sum is within one quantum 2R/Q per site: the mean within 2R/Q
+        atol = 2 * R / Q + 4 * np.finfo(np.float32).eps * np.abs(plain).max()
+        np.testing.assert_allclose(got, plain, rtol=0, atol=atol, err_msg=key)
+    first = trained[0]
+    assert any(not np.allclose(final[k], first[k].float().numpy()) for k in final)  # not one site's model
+
+
+CELLS = [
+    ("fedreid", "simulation", "dp"),
+    ("fedreid", "simulation", "secagg"),
+    ("fedfr", "deployment", "secagg"),
+    ("fedfr", "simulation", "dp"),
+    ("fedfr", "simulation", "secagg"),
+]
+
+
+@pytest.mark.timeout(720)
+@pytest.mark.parametrize(("task", "engine", "option"), CELLS, ids=["-".join(c) for c in CELLS])
+def test_one_round_with_the_privacy_option(tmp_path, task, engine, option):
+    out = tmp_path / "run"
+    env = SIMULATION_ENV if engine == "simulation" else {}
+    cmd = _command(task, engine, option, out)
+    code, output = run_with_env(cmd, env, cwd=REPO, marker=str(tmp_path), timeout_s=600)
+    assert code == 0, output[-4000:]
+    sites = REID_SITES if task == "fedreid" else FR_SITES
+    rows = json.loads((out / "metrics.json").read_text())
+    assert [r["round"] for r in rows] == [0, 1]
+    row = rows[1]
+    assert row["aggregated"] is True and sorted(row["sites"]) == sites
+    assert json.loads((out / "status.json").read_text())["status"] == "completed"
+    if engine == "simulation":
+        assert "simulation engine" in output
+    if option == "dp":
+        _check_dp(row, sites, IDENTITIES**-1.1 if task == "fedreid" else FR_DELTA)
+    else:
+        assert "secure aggregation (SecAgg+)" in output
+        _check_secure_mean(out, row, sites, "site_state.pt" if task == "fedreid" else "fedfr_state.pt")
+    time.sleep(1)
+    assert processes_mentioning(str(tmp_path)) == [], "processes left behind"
