@@ -124,6 +124,16 @@ def volume_exec(image: str, volume: str, mount: str, code: str) -> str:
     )
 
 
+def site_state(image: str, project: str, site: str, file: str) -> dict:
+    """The site's name and rounds as its state file in its own state volume holds them."""
+    [volume] = project_ids("volume", project, f"{site}_state")
+    code = (
+        f"import json; from common.checkpoint import torch_load; d = torch_load('/state/{file}'); "
+        "print(json.dumps({'site': d['site'], 'last_round': d['last_round'], 'rounds': d['rounds_trained']}))"
+    )
+    return json.loads(volume_exec(image, volume, "/state", code))
+
+
 def project_ids(kind: str, project: str, service: str | None = None) -> list[str]:
     """The ids of the project's containers (``ps -a``) or volumes, optionally of one compose service."""
     label = ["--filter", f"label=com.docker.compose.project={project}"]
@@ -322,18 +332,7 @@ def _check_demo(demo: Make, project: str, demo_dir: Path, t0: float) -> None:
     assert not [ln for ln in proxy_lines if '" 413 ' in ln]
     # ---- each site's state stayed in its own volume: its own name, both rounds
     for s in SITES:
-        [volume] = project_ids("volume", project, f"{s}_state")
-        st = json.loads(
-            volume_exec(
-                image,
-                volume,
-                "/state",
-                (
-                    "import json; from common.checkpoint import torch_load; d = torch_load('/state/site_state.pt'); "
-                    "print(json.dumps({'site': d['site'], 'last_round': d['last_round'], 'rounds': d['rounds_trained']}))"
-                ),
-            )
-        )
+        st = site_state(image, project, s, "site_state.pt")
         assert st == {"site": s, "last_round": 2, "rounds": 2}, (s, st)
     figures = {
         "image": image,
@@ -375,16 +374,5 @@ def _check_fedfr_demo(demo: Make, project: str, t0: float) -> None:
         assert last[f"personal/{row}/{metric}"] == pytest.approx(sum(values) / len(values), abs=1e-9)
     for s in FACE_SITES:
         assert per_site[s]["test_images"] > 0 and per_site[s]["impostor_images"] > 0, (s, per_site[s])
-        [volume] = project_ids("volume", project, f"{s}_state")
-        st = json.loads(
-            volume_exec(
-                image,
-                volume,
-                "/state",
-                (
-                    "import json; from common.checkpoint import torch_load; d = torch_load('/state/fedfr_state.pt'); "
-                    "print(json.dumps({'site': d['site'], 'last_round': d['last_round']}))"
-                ),
-            )
-        )
-        assert st == {"site": s, "last_round": 2}, (s, st)
+        st = site_state(image, project, s, "fedfr_state.pt")
+        assert st == {"site": s, "last_round": 2, "rounds": 2}, (s, st)
