@@ -42,7 +42,7 @@ def _run(prog: str, *args: str, cwd: Path) -> subprocess.CompletedProcess:
         (
             "fedsim",
             ["experiment=nope"],
-            "fedsim: config: unknown experiment 'nope'; expected one of: compose-demo, demo, fedfr,",
+            "fedsim: config: unknown experiment 'nope'; expected one of: compose-demo, compose-fedfr-demo, demo,",
         ),
         ("fedsim", ["train.batch_size=four"], "fedsim: config train.batch_size: expected integer, found 'four' (str)"),
         ("fedserver", ["experiment=nope"], "fedserver: bad configuration: config: unknown experiment 'nope';"),

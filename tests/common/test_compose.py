@@ -294,10 +294,11 @@ def test_make_targets_drive_docker_compose():
     )
     assert "-f docker/compose.gpu.yaml" in gpu and "SITE_DEVICE=cuda" in gpu
     # compose-down: the demo (docker/compose-demo.sh down), then the deployment's project if it has containers
-    assert 'DOCKER_COMPOSE="docker compose" GPU="" docker/compose-demo.sh down' in down
+    assert 'DOCKER_COMPOSE="docker compose" GPU="" TASK="" docker/compose-demo.sh down' in down
     assert re.search(r"docker compose -p fedreid -f docker/compose.yaml +down", down), down
-    assert 'DOCKER_COMPOSE="docker compose" GPU="" docker/compose-demo.sh up' in dry("compose-demo")
-    assert 'GPU="1" docker/compose-demo.sh up' in dry("compose-demo", "GPU=1")
+    assert 'DOCKER_COMPOSE="docker compose" GPU="" TASK="" docker/compose-demo.sh up' in dry("compose-demo")
+    assert 'GPU="1" TASK="" docker/compose-demo.sh up' in dry("compose-demo", "GPU=1")
+    assert 'TASK="fedfr" docker/compose-demo.sh up' in dry("compose-demo", "TASK=fedfr")
 
 
 @pytest.mark.parametrize(

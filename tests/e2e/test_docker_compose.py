@@ -356,6 +356,7 @@ def _check_fedfr_demo(demo: Make, project: str, t0: float) -> None:
     print("make compose-demo TASK=fedfr:", round(time.monotonic() - t0, 1), "s")
     assert len(FEDFR_RESULT.findall(demo.output)) == 1, demo.output[-3000:]
     line = FEDFR_RESULT.search(demo.output)
+    print(line.group(0))
     [runs] = project_ids("volume", project, "runs")
     rows = json.loads(volume_exec(image, runs, "/runs", "print(open('/runs/fedfr/metrics.json').read())"))
     trained = [r for r in rows if r["round"] > 0]
