@@ -33,6 +33,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from tiny_world import DATA  # benchmarks/ is the script's folder
+
 REPO = Path(__file__).resolve().parents[1]
 MODES = ("floor", "site_process", "no_site_process")
 
@@ -47,12 +49,7 @@ def run_mode(mode: str, out: Path, rounds: int, backbone: str, sites: int) -> di
         *["market1501", "dukemtmc", "cuhk03", "msmt17"][:sites],
         "--out",
         str(out),
-        "--train-ids",
-        "4",
-        "--images-per-id",
-        "4",
-        "--target-ids",
-        "3",
+        *DATA,
         f"rounds={rounds}",
         f"model.backbone={backbone}",
         "model.pretrained=none",

@@ -1,16 +1,12 @@
 """The tiny synthetic world and the simulation settings the overhead benchmarks share.
 
-``WORK``: server.sim arguments of a world where a round is almost all overhead (4 identities a site,
+``DATA``: the world's server.sim data arguments; ``WORK``: server.sim arguments of a world where a round is almost all overhead (4 identities a site,
 32x16 images, no local expert, no evaluation); ``SIM``: the simulation engine, one core a site.
 """
 
+DATA = ["--train-ids", "4", "--images-per-id", "4", "--target-ids", "3"]  # 4 identities x 4 images a site
 WORK = [
-    "--train-ids",
-    "4",
-    "--images-per-id",
-    "4",
-    "--target-ids",
-    "3",
+    *DATA,
     "model.height=32",
     "model.width=16",
     "train.batch_size=4",
