@@ -333,11 +333,14 @@ def coordinator_public_key(a: argparse.Namespace) -> str:
     if a.coordinator_key:
         path = Path(a.coordinator_key).expanduser().resolve()
     elif a.root_certificates:
-        path = Path(a.root_certificates).expanduser().resolve().parent / COORDINATOR_PUB
+        ca = Path(a.root_certificates).expanduser().resolve()
+        if not ca.is_file():  # the key is looked for beside it: name the file that is missing first
+            raise ConfigError(f"superlink.ca_cert (--root-certificates): file not found: {a.root_certificates}")
+        path = ca.parent / COORDINATOR_PUB
         if not path.is_file():
-            raise SystemExit(
-                f"fedclient: no {COORDINATOR_PUB} beside --root-certificates ({path.parent}): give the "
-                "coordinator's public key with --coordinator-key FILE (from `fedserver certs`)"
+            raise ConfigError(
+                f"no {COORDINATOR_PUB} beside superlink.ca_cert ({path.parent}): give the coordinator's public "
+                "key with superlink.coordinator_key=FILE (--coordinator-key; from `fedserver certs`)"
             )
     else:
         print(

@@ -13,6 +13,7 @@ import pytest
 from common.cli_errors import RUNTIME, USAGE, exit_code, one_line, run_cli
 from common.config.structured import ConfigError
 from common.datasets.base import DatasetLayoutError
+from tests.fakes import write_tiny_site
 
 REPO = Path(__file__).resolve().parents[1]
 ENTRY = {  # the console scripts of pyproject.toml, as `python -c` calls of the same functions
@@ -64,6 +65,27 @@ def test_a_mistake_is_one_line_exit_2_and_writes_nothing(tmp_path, prog, args, e
     assert r.stderr.startswith(expected), r.stderr
     assert "Traceback" not in r.stderr + r.stdout
     assert not (tmp_path / "run").exists()  # fedsim validates before writing its data
+
+
+@pytest.mark.parametrize(
+    ("make_ca", "expected"),
+    [
+        (False, "fedclient: superlink.ca_cert (--root-certificates): file not found: missing/ca.crt"),
+        (True, "fedclient: no coordinator.pub beside superlink.ca_cert ("),
+    ],
+)
+def test_a_site_names_the_missing_certificate_or_key_first(tmp_path, make_ca, expected):
+    # the site's data is read first (one stdout line), then the CA; the coordinator's key is looked
+    # for beside it, so a missing CA is named as such, not as a missing key
+    write_tiny_site(tmp_path / "data", 0)
+    (tmp_path / "missing").mkdir()
+    if make_ca:
+        (tmp_path / "missing" / "ca.crt").write_text("not read before the key is found\n")
+    args = ["site=market1501", "site.data_root=data", "site.state_dir=state", "superlink.ca_cert=missing/ca.crt"]
+    r = _run("fedclient", *args, cwd=tmp_path)
+    assert r.returncode == USAGE, r.stderr
+    assert r.stderr.splitlines() == [r.stderr.strip()] and r.stderr.startswith(expected), r.stderr
+    assert "Traceback" not in r.stderr + r.stdout and not (tmp_path / "state").exists()
 
 
 def test_debug_shows_the_traceback_instead(tmp_path):
