@@ -415,7 +415,7 @@ def _status(run_dir: Path) -> str:
 
 def split_command(args: list[str]) -> tuple[bool, list[str]]:
     """(print the config and exit?, the KEY=VALUE overrides) of fedserver's command line."""
-    show = "--cfg" in args or args[:1] == ["show-config"]
+    show = "--cfg" in args or "show-config" in args  # anywhere: `fedserver rounds=7 show-config` too
     if "--cfg" in args:  # Hydra's spelling: --cfg job (the only kind of config this command has)
         i = args.index("--cfg")
         args = args[:i] + args[i + 1 + (args[i + 1 : i + 2] == ["job"]) :]

@@ -104,7 +104,7 @@ def test_fedstudy_help_lists_the_studies(tmp_path):
 def test_fedserver_help_is_short_and_show_config_prints_the_composed_config(tmp_path):
     r = _run("fedserver", "--help", cwd=tmp_path)
     assert r.returncode == 0 and len(r.stdout.splitlines()) < 40 and "show-config" in r.stdout
-    for spelling in (["show-config", "rounds=7"], ["--cfg", "job", "rounds=7"]):
+    for spelling in (["show-config", "rounds=7"], ["rounds=7", "show-config"], ["--cfg", "job", "rounds=7"]):
         r = _run("fedserver", *spelling, cwd=tmp_path)
         assert r.returncode == 0, r.stderr
         assert '"rounds": 7' in r.stdout
