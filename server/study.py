@@ -43,6 +43,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import shutil
 import subprocess
 import sys
 import time
@@ -62,6 +63,9 @@ from server.study_results import curve, final_metrics, write_results
 STUDY_DIR = REPO_ROOT / "conf" / "study"
 REQUIRED = ("name", "command", "seeds", "metrics", "variants")
 RUN_RECORD = "study_run.json"  # written by fedstudy when a run's command exited 0
+# a failed run is run once more from nothing before the study stops: a run is seeded (the same
+# result), and one lost process should not stop a study of hours left unattended
+RETRIES = 1
 
 
 def load_study(name_or_path: str, overrides: list[str] | None = None) -> dict:
@@ -181,6 +185,34 @@ def completed(run_dir: Path) -> bool:
         return False
 
 
+def set_aside(run_dir: Path) -> Path:
+    """Move an unfinished or failed run's folder to ``<run>.failed`` (for its logs; an older one there
+    goes), so that the run starts again from nothing."""
+    failed = run_dir.with_name(f"{run_dir.name}.failed")
+    shutil.rmtree(failed, ignore_errors=True)
+    run_dir.rename(failed)
+    return failed
+
+
+def run_once(cmd: list[str], run_dir: Path, timeout_s: float) -> tuple[int | str, float]:
+    """Run one (variant, seed) command in ``run_dir``: (its exit code or 'timeout', seconds); the exit
+    code 0 is recorded in the run's RUN_RECORD."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / RUN_RECORD).unlink(missing_ok=True)
+    t0 = time.time()
+    proc = processes.start(cmd, processes.tool_env(), log_path=run_dir / "study_run.log", cwd=REPO_ROOT)
+    try:
+        code = proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        code = "timeout"
+    finally:
+        processes.stop(proc, grace_s=30)  # the run's own processes too (its process group)
+    took = time.time() - t0
+    if code == 0:
+        atomic_json_save({"exit": 0, "seconds": round(took, 1), "command": cmd}, run_dir / RUN_RECORD)
+    return code, took
+
+
 def run_study(study: dict, out: Path, *, only: list[str] | None = None, timeout_s: float = 7200) -> dict:
     """Run every (variant, seed) not yet completed, then write the results; returns the summary."""
     out.mkdir(parents=True, exist_ok=True)
@@ -199,24 +231,22 @@ def run_study(study: dict, out: Path, *, only: list[str] | None = None, timeout_
             print(f"fedstudy [{i}/{len(jobs)}] {variant} seed {seed}: done before, skipped", flush=True)
             continue
         cmd = run_command(study, variant, seed, run_dir, out / "data", pretrained)
-        run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / RUN_RECORD).unlink(missing_ok=True)
-        t0 = time.time()
+        if run_dir.exists():  # left unfinished by an interrupted study: its sites' state must not carry over
+            print(f"fedstudy: {variant} seed {seed}: unfinished run kept as {set_aside(run_dir)}", flush=True)
         print(f"fedstudy [{i}/{len(jobs)}] {variant} seed {seed}: running ({run_dir})", flush=True)
-        proc = processes.start(cmd, processes.tool_env(), log_path=run_dir / "study_run.log", cwd=REPO_ROOT)
-        try:
-            code = proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            code = "timeout"
-        finally:
-            processes.stop(proc, grace_s=30)  # the run's own processes too (its process group)
-        took = time.time() - t0
-        if code == 0:
-            atomic_json_save({"exit": 0, "seconds": round(took, 1), "command": cmd}, run_dir / RUN_RECORD)
-        if code != 0 or not completed(run_dir):
-            raise SystemExit(
-                f"fedstudy: {variant} seed {seed} failed (exit {code}) after {took:.0f}s; "
-                f"see {run_dir / 'study_run.log'}; re-running the study resumes from this run"
+        for attempt in range(RETRIES + 1):
+            code, took = run_once(cmd, run_dir, timeout_s)
+            if code == 0 and completed(run_dir):
+                break
+            if attempt == RETRIES:
+                raise SystemExit(
+                    f"fedstudy: {variant} seed {seed} failed (exit {code}) after {took:.0f}s; "
+                    f"see {run_dir / 'study_run.log'}; re-running the study runs it again"
+                )
+            print(
+                f"fedstudy: {variant} seed {seed} failed (exit {code}) after {took:.0f}s; its folder is kept "
+                f"as {set_aside(run_dir)}; running it again",
+                flush=True,
             )
         left = (time.time() - t_study) / i * (len(jobs) - i)
         print(

@@ -252,4 +252,29 @@ def test_a_run_whose_command_failed_after_its_last_round_is_run_again(tmp_path):
     path.write_text(path.read_text().replace("x=0.6", "x=0.4"))  # the cause fixed
     main([str(path), "--out", str(out)])
     calls = [c for c in (out / "calls.txt").read_text().split("\n") if c]
-    assert calls == ["low 0", "high 0", "high 0"]  # high again, low not
+    assert calls == ["low 0", "high 0", "high 0", "high 0"]  # high twice (one retry), then again; low not
+
+
+def test_a_run_that_fails_once_is_run_again_from_nothing_and_counted(tmp_path, capsys):
+    # the fake runner fails the first time it runs a (variant, seed), leaving a stray file behind
+    once = (
+        "\nmark = out.parent.parent.parent / f'failed-{out.parent.name}-{seed}'\n"
+        "if not mark.exists():\n    mark.touch(); (out / 'stray').touch(); sys.exit(3)\n"
+    )
+    (tmp_path / "once.py").write_text(FAKE_RUN.replace("rows = [", once + "rows = [", 1))
+    path = _study(tmp_path, seeds=(0,))
+    path.write_text(path.read_text().replace(str(tmp_path / "fake_run.py"), str(tmp_path / "once.py")))
+    out = tmp_path / "out"
+    (out / "runs" / "low" / "seed0").mkdir(parents=True)  # left unfinished by an interrupted study
+    (out / "runs" / "low" / "seed0" / "old").touch()
+    main([str(path), "--out", str(out)])
+    calls = [c for c in (out / "calls.txt").read_text().split("\n") if c]
+    assert calls == ["low 0", "low 0", "high 0", "high 0"]
+    printed = capsys.readouterr().out
+    assert "low seed 0 failed (exit 3)" in printed and "running it again" in printed
+    for variant in ("low", "high"):
+        run = out / "runs" / variant / "seed0"
+        assert not (run / "stray").exists() and (run.with_name("seed0.failed") / "stray").exists()
+        assert not (run / "old").exists()
+    res = json.loads((out / "results.json").read_text())
+    assert res["per_run"]["high"]["0"]["mean/R1"] == pytest.approx(0.6 + 0.2)
