@@ -64,7 +64,7 @@ STUDY_DIR = REPO_ROOT / "conf" / "study"
 REQUIRED = ("name", "command", "seeds", "metrics", "variants")
 RUN_RECORD = "study_run.json"  # written by fedstudy when a run's command exited 0
 # a failed run is run once more from nothing before the study stops: a run is seeded (the same
-# result), and one lost process should not stop a study of hours left unattended
+# data, initial model and batch order), and one lost process should not stop a study of hours
 RETRIES = 1
 
 
