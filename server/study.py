@@ -213,6 +213,12 @@ def run_once(cmd: list[str], run_dir: Path, timeout_s: float) -> tuple[int | str
     return code, took
 
 
+def minutes_left(elapsed_s: float, ran: int, to_run: int) -> float:
+    """Minutes the study's remaining runs should take at the pace of the ``ran`` runs this sitting ran
+    (of ``to_run``); runs completed before a resume take no time and do not count."""
+    return elapsed_s / ran * (to_run - ran) / 60
+
+
 def run_study(study: dict, out: Path, *, only: list[str] | None = None, timeout_s: float = 7200) -> dict:
     """Run every (variant, seed) not yet completed, then write the results; returns the summary."""
     out.mkdir(parents=True, exist_ok=True)
@@ -224,7 +230,8 @@ def run_study(study: dict, out: Path, *, only: list[str] | None = None, timeout_
     # seed-major: an interrupted study still holds every variant for its first seeds (paired claims)
     jobs = [(v, int(s)) for s in study["seeds"] for v in variants]
     pretrained = pretrained_start(study, out)
-    t_study = time.time()
+    to_run = sum(not completed(out / "runs" / v / f"seed{s}") for v, s in jobs)
+    t_study, ran = time.time(), 0
     for i, (variant, seed) in enumerate(jobs, 1):
         run_dir = out / "runs" / variant / f"seed{seed}"
         if completed(run_dir):
@@ -248,9 +255,10 @@ def run_study(study: dict, out: Path, *, only: list[str] | None = None, timeout_
                 f"as {set_aside(run_dir)}; running it again",
                 flush=True,
             )
-        left = (time.time() - t_study) / i * (len(jobs) - i)
+        ran += 1
+        left = minutes_left(time.time() - t_study, ran, to_run)
         print(
-            f"fedstudy [{i}/{len(jobs)}] {variant} seed {seed}: {took:.0f}s (about {left / 60:.0f} min left)",
+            f"fedstudy [{i}/{len(jobs)}] {variant} seed {seed}: {took:.0f}s (about {left:.0f} min left)",
             flush=True,
         )
     return collect(study, out, variants)

@@ -278,3 +278,17 @@ def test_a_run_that_fails_once_is_run_again_from_nothing_and_counted(tmp_path, c
         assert not (run / "old").exists()
     res = json.loads((out / "results.json").read_text())
     assert res["per_run"]["high"]["0"]["mean/R1"] == pytest.approx(0.6 + 0.2)
+
+
+def test_time_left_counts_only_the_runs_this_sitting_ran(tmp_path, monkeypatch):
+    import server.study as study_mod
+
+    assert study_mod.minutes_left(600.0, 2, 5) == pytest.approx(300.0 / 60 * 3)  # 5 min a run, 3 to go
+    assert study_mod.minutes_left(600.0, 4, 4) == 0.0
+    path = _study(tmp_path, seeds=(0, 1, 2))
+    out = tmp_path / "out"
+    main([str(path), "--out", str(out), "seeds=[0,1]"])  # four runs done before the resume
+    seen = []
+    monkeypatch.setattr(study_mod, "minutes_left", lambda e, ran, to_run: seen.append((ran, to_run)) or 0.0)
+    main([str(path), "--out", str(out)])
+    assert seen == [(1, 2), (2, 2)]  # the skipped runs neither count as run nor as to run
