@@ -16,7 +16,7 @@ slowest site's local training, overhead = fit wall time - slowest training, the 
 own time (slowest site: its start-up, the message's pull and decoding, forwarding, without the site
 process's work) and the bytes moved (sent + received). In every mode each message's ClientApp
 process is started by Flower's own ``flower-superexec``, which each site runs with its SuperNode's
-SuperExec secret; it asks the SuperNode for a task every 0.1 s (client/main.py).
+SuperExec secret; it asks the SuperNode for a task every 0.1 s (client/deploy/fedclient.py).
 
     python benchmarks/round_overhead.py [--rounds 6] [--backbone resnet50] [--modes floor site_process ...]
 """
@@ -44,7 +44,7 @@ def run_mode(mode: str, out: Path, rounds: int, backbone: str, sites: int) -> di
     cmd = [
         sys.executable,
         "-m",
-        "server.sim",
+        "server.demos.fedsim",
         "--sites",
         *["market1501", "dukemtmc", "cuhk03", "msmt17"][:sites],
         "--out",

@@ -82,7 +82,7 @@ def one_run(
         site_args = ["--sites", *names]
     else:
         site_args = ["--sites", str(sites)]
-    cmd = [sys.executable, "-m", "server.sim", *site_args, "--out", str(out), *WORK]
+    cmd = [sys.executable, "-m", "server.demos.fedsim", *site_args, "--out", str(out), *WORK]
     cmd += [f"rounds={rounds}", f"train.local_iters={steps}", "--timeout", str(timeout)]
     cmd += SIM if engine == "simulation" else []
     cmd += ["privacy=secagg", *secure] if secure is not None else []

@@ -28,8 +28,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from common.params import Manifest
-from server.strategy import FedReIDStrategy
-from server.strategy_settings import StrategySettings
+from server.strategy.base import FedReIDStrategy
+from server.strategy.settings import StrategySettings
 from tests.fakes import fit_res, manager_of
 
 

@@ -188,7 +188,7 @@ def one_run(
     cmd = [
         sys.executable,
         "-m",
-        "server.sim",
+        "server.demos.fedsim",
         "--out",
         str(out),
         *names,

@@ -1,6 +1,6 @@
 """The tiny synthetic world and the simulation settings the overhead benchmarks share.
 
-``DATA``: the world's server.sim data arguments; ``WORK``: server.sim arguments of a world where a round is almost all overhead (4 identities a site,
+``DATA``: the world's server.demos.fedsim data arguments; ``WORK``: server.demos.fedsim arguments of a world where a round is almost all overhead (4 identities a site,
 32x16 images, no local expert, no evaluation); ``SIM``: the simulation engine, one core a site.
 """
 

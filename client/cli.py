@@ -7,7 +7,7 @@ from common.plain_log import plain_std_streams
 
 
 def fedclient() -> None:
-    from client.main import main
+    from client.deploy.fedclient import main
 
     plain_std_streams()  # a log file of the site's output gets no colour codes (a terminal keeps them)
     run_cli("fedclient", main)

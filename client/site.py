@@ -3,9 +3,9 @@
 A round (``fit``): check the coordinator's manifest, unpack the shared tensors (one packed array,
 ``common/params.py``), seed from (run seed, site, round), take the state the round starts from,
 build the round (the task), train it (the task) from the round's training seed, keep the new state
-(written atomically; ``client/state.py``), record the round (``client/run_end.py``) and reply with
+(written atomically; ``client/runtime/state.py``), record the round (``client/process/run_end.py``) and reply with
 ONLY the shared tensors, the site's weight and its metrics. How this process holds the state, the
-modules, the optimiser and the loader between rounds is the runtime's (``client/site_runtime.py``):
+modules, the optimiser and the loader between rounds is the runtime's (``client/runtime/site_runtime.py``):
 a task asks it for them and never learns which way the site runs.
 
 A task subclasses :class:`SiteClient` and provides:
@@ -35,12 +35,10 @@ import torch
 from flwr.client import NumPyClient
 from torch import nn
 
-from client.faults import parse_fault
-from client.manifest_check import check_manifest_hash
-from client.run_end import record_round
-from client.site_runtime import SiteRuntime
-from client.site_settings import SiteSettings, resolve_device
-from client.state import SiteStateStore
+from client.runtime.manifest_check import check_manifest_hash
+from client.runtime.settings import SiteSettings, resolve_device
+from client.runtime.site_runtime import SiteRuntime
+from client.runtime.state import SiteStateStore
 from common.config.experiment import ExperimentConfig
 from common.config.site import default_state_dir
 from common.params import Manifest, from_wire, get_shared, to_wire
@@ -48,6 +46,22 @@ from common.processes import process_age_s
 from common.seeding import seed_everything, stable_seed
 
 log = logging.getLogger("fedclient")
+
+
+class RoundHooks:
+    """What the process that holds a site adds around each of its rounds; by default nothing. The
+    site process and the ClientApp attach theirs (``client/process/round_hooks.py``: the round
+    record fedclient's exit status reads, and fault injection), so the skeleton imports neither."""
+
+    def before_training(self, site: str, server_round: int) -> None:
+        """Called once the coordinator's parameters are unpacked, before the round's training."""
+
+    def after_round(self, state_dir: Path, server_round: int, rounds: int) -> None:
+        """Called once the round's state is kept, before the reply is packed."""
+
+    def reply(self, site: str, server_round: int, manifest: Manifest, update: list[np.ndarray]) -> np.ndarray | None:
+        """The packed reply to send instead of the update's own packing; None: the update as it is."""
+        return None
 
 
 class SiteClient(NumPyClient):
@@ -61,7 +75,7 @@ class SiteClient(NumPyClient):
         self.s = settings
         self.device = resolve_device(settings.device)
         self.state_dir = Path(settings.state_dir or default_state_dir(settings.site)).expanduser()
-        self.fault = parse_fault(settings.fault)
+        self.hooks = RoundHooks()  # replaced by the process that holds the site (client/process/round_hooks.py)
 
     @functools.cached_property
     def runtime(self) -> SiteRuntime:
@@ -131,7 +145,7 @@ class SiteClient(NumPyClient):
         return self.store.load(self.state_dir, before_round=before_round, **self.state_identity())
 
     def get_properties(self, config):
-        """Who this site is: the coordinator names every new node by it (``server/sites.py``)."""
+        """Who this site is: the coordinator names every new node by it (``server/strategy/sites.py``)."""
         return {"site": self.s.site}
 
     def get_parameters(self, config):
@@ -156,8 +170,7 @@ class SiteClient(NumPyClient):
         server_round = int(config.get("server_round", 1))
         parameters = self._unpack(parameters, config)
         log.info("site %s round %d: local training starts", self.s.site, server_round)
-        if self.fault is not None:
-            self.fault.before_training(self.s.site, server_round)
+        self.hooks.before_training(self.s.site, server_round)
         self._set_threads()
         seed_everything(self.round_seed(server_round))
         # the newest state from BEFORE this round: after a coordinator resume, round k+1 may be asked again
@@ -171,7 +184,7 @@ class SiteClient(NumPyClient):
         t_train, cpu_train = time.perf_counter(), time.process_time()
         new = self.state_to_keep(st, r, stats, server_round)
         self.runtime.keep(new, lambda: self.store.save(self.state_dir, new))
-        record_round(self.state_dir, server_round, self.cfg.rounds)  # fedclient's exit status (client/run_end.py)
+        self.hooks.after_round(self.state_dir, server_round, self.cfg.rounds)
         t_end = time.perf_counter()
         timing = {
             "startup_seconds": startup,
@@ -182,7 +195,7 @@ class SiteClient(NumPyClient):
             "train_cpu_seconds": cpu_train - cpu_load,
             "save_seconds": t_end - t_train,
             # the process's age at the reply (a per-message ClientApp: all of it; the forwarder
-            # replaces it with its own in a site process, client/forward.py)
+            # replaces it with its own in a site process, client/process/forward.py)
             "clientapp_seconds": process_age_s(),
         }
         log.info(
@@ -194,8 +207,8 @@ class SiteClient(NumPyClient):
         )
         metrics = self.reply_metrics(stats, timing)
         update = self.update(r)
-        if self.fault is not None:
-            return [self.fault.wire(self.s.site, server_round, self.manifest, update)], self.num_examples(), metrics
+        if (packed := self.hooks.reply(self.s.site, server_round, self.manifest, update)) is not None:
+            return [packed], self.num_examples(), metrics
         # packed straight from the model's tensors: the one copy of the update is the message's
         return to_wire(self.manifest, update), self.num_examples(), metrics
 

@@ -1,7 +1,7 @@
 """The tasks a site can run, by the experiment's ``task``: one line per task.
 
 Every way a site runs builds it here: inside a per-message ClientApp (the simulation engine,
-``--no-site-process``, unit tests) and inside the long-lived site process (``client/site_process.py``).
+``--no-site-process``, unit tests) and inside the long-lived site process (``client/process/site_process.py``).
 A new task is a sub-package of ``client/`` with a ``SiteClient`` (the site skeleton, ``client/site.py``)
 and one entry in :data:`SITES` (docs/architecture.md, "Add a task").
 """
@@ -14,7 +14,7 @@ from flwr.client import NumPyClient
 
 from client.fedfr.client import FedFRClient
 from client.fedreid.client import FedReIDClient
-from client.site_settings import site_settings
+from client.runtime.settings import site_settings
 from common.config.experiment import ExperimentConfig
 
 

@@ -15,7 +15,7 @@ Strategy) sees the same message.
 This module is the format: a reference is an ``Array`` whose ``stype`` starts with
 :data:`REF_STYPE` and whose data is a small JSON ``{"path", "size", "dtype", "shape"}``;
 the folder travels in the ConfigRecord :data:`FOLDER_KEY` of every message. The two edges are
-``server/array_exchange_grid.py`` (the ServerApp's Grid) and ``client/array_exchange_mod.py`` (a
+``server/flower/array_exchange_grid.py`` (the ServerApp's Grid) and ``client/flower/array_exchange_mod.py`` (a
 ClientApp mod); a message without the folder record passes through both untouched (deployment).
 """
 

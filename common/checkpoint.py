@@ -124,7 +124,7 @@ def convert_trusted(path: str | Path) -> None:
     """
     obj = torch.load(Path(path), map_location="cpu", weights_only=False)
     if isinstance(obj, dict) and obj.get("format") == 1:
-        obj["format"] = 2  # server/resume.py: the same keys, stored as tensors and plain values
+        obj["format"] = 2  # server/deploy/resume.py: the same keys, stored as tensors and plain values
     atomic_torch_save(obj, path)
 
 

@@ -3,7 +3,7 @@
 Both the coordinator and every site derive the same ordered key manifest from the model config
 (``expected_manifest_of``, called by ``common/models/builder.py`` for Re-ID and
 ``common/models/fedfr.py`` for FedFR); the manifest's hash travels in the fit config and a site
-refuses a mismatch (``client/manifest_check.py``).
+refuses a mismatch (``client/runtime/manifest_check.py``).
 Only floating-point tensors are shared: integer buffers (BatchNorm ``num_batches_tracked``) never
 leave a site and are never averaged or noised. BatchNorm float buffers (running mean/variance)
 follow their module: they are averaged but never noised (``Manifest.learnable``): Eq. (14)-(15)

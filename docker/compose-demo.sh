@@ -11,7 +11,7 @@
 # local base fedreid-base:bookworm when it exists (docker/base-image.sh: no Docker Hub needed), else
 # on python:3.11-slim; when containers cannot reach torch's CPU index, torch comes from PyPI (CUDA
 # bundled, fedreid:cuda) and a line says so. A container of the image then writes the certificates,
-# the site keys, the registry and the synthetic data (python -m server.compose_demo setup) into the
+# the site keys, the registry and the synthetic data (python -m server.demos.compose_demo setup) into the
 # demo folder; compose runs the coordinator, its proxy and four sites (experiment compose-demo, two
 # rounds); the coordinator's round lines are shown as they come, then one result line.
 #
@@ -115,7 +115,7 @@ say "building $image and fedreid-proxy:latest (the first build downloads torch: 
 # ---- a fresh deployment: secrets, keys, registry and data, made in a container of the image
 down
 say "secrets, site keys and synthetic data in $demo_dir (in a container)"
-if ! log="$(docker run --rm --user 0:0 -v "$demo_dir:/demo" "$image" python -m server.compose_demo setup /demo "$task" 2>&1)"; then
+if ! log="$(docker run --rm --user 0:0 -v "$demo_dir:/demo" "$image" python -m server.demos.compose_demo setup /demo "$task" 2>&1)"; then
   echo "$log" | tail -n 20 >&2
   die "expected the demo's secrets and data in $demo_dir, the setup container failed (above)"
 fi
@@ -135,5 +135,5 @@ if [ "$code" != 0 ]; then
   die "expected the coordinator to end the run with 0, found $code; its log above; \`make compose-down\` removes the demo"
 fi
 runs="$(docker volume ls -q --filter "label=com.docker.compose.project=$project" --filter label=com.docker.compose.volume=runs)"
-docker run --rm -v "$runs:/runs:ro" "$image" python -m server.compose_demo result "/runs/$task"
+docker run --rm -v "$runs:/runs:ro" "$image" python -m server.demos.compose_demo result "/runs/$task"
 say "outputs in the volume $runs; stop and remove everything with: make compose-down"

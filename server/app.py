@@ -1,15 +1,15 @@
 """The Flower ServerApp: the experiment, then the task's strategy and reporting (``server/tasks.py``:
 FedReID or FedFR). The experiment is the file ``fedserver`` names (``FEDREID_SERVERAPP_CONFIG``),
 else the one a ``flwr run . --run-config 'experiment=...'`` names, composed from the run config
-(``server/flwr_run.py``); with neither the ServerApp stops in one line.
+(``server/flower/flwr_run.py``); with neither the ServerApp stops in one line.
 
 On the simulation engine with ``engine.array_exchange`` files (a private Ray instance's default) the
 Grid Flower hands the ServerApp is wrapped so that the messages' large arrays travel as
-shared-memory files (``server/array_exchange_grid.py``); the strategy above it is the same.
+shared-memory files (``server/flower/array_exchange_grid.py``); the strategy above it is the same.
 With ``privacy.secure_aggregation`` the rounds run through Flower's ``DefaultWorkflow`` with the fit
-round in ``SecAggPlusWorkflow`` (``server/secure_aggregation.py``), around the same strategy.
+round in ``SecAggPlusWorkflow`` (``server/strategy/secure_aggregation.py``), around the same strategy.
 With ``superlink.coordinator_key`` (``fedserver`` sets it on the deployment engine) every message
-the ServerApp sends is signed with that key (``server/signing_grid.py``): sites act on nothing else.
+the ServerApp sends is signed with that key (``server/flower/signing_grid.py``): sites act on nothing else.
 """
 
 from __future__ import annotations
@@ -26,11 +26,11 @@ from common.array_exchange import exchange_folder
 from common.instruction_signature import load_coordinator_key
 from common.logs import setup_logging
 from common.processes import RUN_TAG_ENV
-from server.array_exchange_grid import ArrayExchangeGrid
-from server.checkpoint import checkpoint_round
-from server.flwr_run import check_federation_size, composed_here, serverapp_experiment
-from server.secure_aggregation import secagg_settings
-from server.signing_grid import SigningGrid
+from server.flower.array_exchange_grid import ArrayExchangeGrid
+from server.flower.flwr_run import check_federation_size, composed_here, serverapp_experiment
+from server.flower.signing_grid import SigningGrid
+from server.run.checkpoint import checkpoint_round
+from server.strategy.secure_aggregation import secagg_settings
 from server.tasks import server_task
 
 log = logging.getLogger("fedserver")
@@ -59,7 +59,7 @@ class FedServerApp(ServerApp):
         if not cfg.engine.exchanges_files():
             self._run(grid, context, cfg)
             return
-        # the run's tag (server/simulation.py) names the folder, which the launcher removes too when
+        # the run's tag (server/deploy/simulation_engine.py) names the folder, which the launcher removes too when
         # this process is killed; a run started without fedserver gets one of its own
         folder = exchange_folder(os.environ.get(RUN_TAG_ENV) or uuid.uuid4().hex[:12])
         log.info("array exchange: the messages' large arrays travel as files in %s", folder)
@@ -68,7 +68,7 @@ class FedServerApp(ServerApp):
 
     def _run(self, grid: Grid, context: Context, cfg) -> None:
         """Flower's legacy round loop, or with ``privacy.secure_aggregation`` Flower's default workflow
-        with the fit round through SecAgg+ (server/secure_aggregation.py): the same strategy either way."""
+        with the fit round through SecAgg+ (server/strategy/secure_aggregation.py): the same strategy either way."""
         settings = secagg_settings(cfg)
         if settings is None:
             super().__call__(grid, context)

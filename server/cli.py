@@ -9,25 +9,25 @@ from common.plain_log import plain_std_streams
 
 
 def fedserver() -> None:
-    from server.main import main
+    from server.deploy.fedserver import main
 
     plain_std_streams()  # a log file of the coordinator's output gets no colour codes (a terminal keeps them)
     run_cli("fedserver", main)
 
 
 def fedsim() -> None:
-    from server.sim import main
+    from server.demos.fedsim import main
 
     run_cli("fedsim", main)
 
 
 def fedeval() -> None:
-    from server.fedeval import main
+    from server.studies.fedeval import main
 
     run_cli("fedeval", main)
 
 
 def fedstudy() -> None:
-    from server.study import main
+    from server.studies.fedstudy import main
 
     run_cli("fedstudy", main)

@@ -1,7 +1,7 @@
 """The tasks the coordinator can run, by the experiment's ``task``: one entry per task.
 
-The ServerApp (``server/app.py``), ``fedserver`` (``server/main.py``), ``fedeval`` and resume
-(``server/resume.py``) consult :data:`TASKS`. A new task is a sub-package of ``server/`` providing a
+The ServerApp (``server/app.py``), ``fedserver`` (``server/deploy/fedserver.py``), ``fedeval`` and resume
+(``server/deploy/resume.py``) consult :data:`TASKS`. A new task is a sub-package of ``server/`` providing a
 :class:`ServerTask` and one line here.
 """
 

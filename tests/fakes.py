@@ -33,9 +33,9 @@ from flwr.common import (
 from flwr.server.client_manager import SimpleClientManager
 from flwr.server.client_proxy import ClientProxy
 
+from client.deploy.keygen import keygen_main
 from client.fedreid.client import FedReIDClient
-from client.keygen import keygen_main
-from client.site_settings import SiteSettings
+from client.runtime.settings import SiteSettings
 from common import processes, security
 from common.config.experiment import ExperimentConfig
 from common.datasets.face_split import plan_split, read_identities, write_split
@@ -44,7 +44,7 @@ from common.datasets.synthetic_faces import write_identity_folders
 from common.models.builder import expected_manifest, model_for
 from common.models.fedfr import expected_fedfr_manifest, fedfr_model
 from common.params import Manifest, from_wire, get_shared, raw_bytes, to_wire
-from server.admin import certs_main, register_site_main
+from server.deploy.admin import certs_main, register_site_main
 from tests.procutil import processes_mentioning
 
 REPO = Path(__file__).resolve().parents[1]
@@ -394,7 +394,7 @@ def fedserver_cmd(fed: TlsFederation, address: str, sites: list[str], *extra: st
     return [
         sys.executable,
         "-m",
-        "server.main",
+        "server.deploy.fedserver",
         *TLS_TINY,
         f"run_dir={fed.root / 'run'}",
         f"sites=[{','.join(sites)}]",
@@ -419,7 +419,7 @@ def fedclient_cmd(
     cmd = [
         sys.executable,
         "-m",
-        "client.main",
+        "client.deploy.fedclient",
         "--site",
         site,
         "--superlink",

@@ -1,5 +1,5 @@
 """A real federation on loopback for fault tests: the launcher's fedserver and fedclient processes
-(server/launch.py) on tiny synthetic sites, which a test can kill, restart, freeze and resume, with
+(server/deploy/local_federation.py) on tiny synthetic sites, which a test can kill, restart, freeze and resume, with
 every wait bounded and every process reaped (also what a crash leaves behind).
 
     with Federation(tmp_path, ["market1501", "dukemtmc"], ["rounds=3"]) as fed:
@@ -25,7 +25,7 @@ import torch
 
 from common import processes
 from common.checkpoint import torch_load
-from server.launch import Launcher, LocalSite
+from server.deploy.local_federation import Launcher, LocalSite
 from tests.fakes import write_tiny_site
 from tests.procutil import kill_all, processes_mentioning, run_to_end
 
@@ -57,7 +57,7 @@ def tiny_fedfr_demo(out: Path, timeout_s: int = 420) -> list[str]:
     ]
     overrides += ["fedfr.local_epochs=1", "fedfr.batch_size=4", "eval.batch_size=32"]
     overrides += ["wait_for_sites_s=120", "round_timeout_s=180"]
-    return [sys.executable, "-m", "server.fedfr.demo", *args, *overrides]
+    return [sys.executable, "-m", "server.demos.fedfr_demo", *args, *overrides]
 
 
 def tiny_fedsim(out: Path, overrides: list[str], timeout_s: int = 420) -> list[str]:
@@ -67,7 +67,7 @@ def tiny_fedsim(out: Path, overrides: list[str], timeout_s: int = 420) -> list[s
     args += ["--target-ids", "3", "--timeout", str(timeout_s)]
     tiny = ["model.height=32", "model.width=16", "train.batch_size=4", "train.max_steps_per_epoch=1"]
     tiny += ["wait_for_sites_s=120", "round_timeout_s=180"]
-    return [sys.executable, "-m", "server.sim", *args, *tiny, *overrides]
+    return [sys.executable, "-m", "server.demos.fedsim", *args, *tiny, *overrides]
 
 
 # Flower's simulation engine on a small shared machine (fedsim / the FedFR demo options): Ray with a
@@ -178,7 +178,7 @@ class Federation:
         return self.launcher.sites
 
     def start_server(self, *, resume: bool = False) -> subprocess.Popen:
-        # a resume takes code and transport settings from its command line only (server/resume.py)
+        # a resume takes code and transport settings from its command line only (server/deploy/resume.py)
         transport = [o for o in self.overrides if o.startswith("superlink.")]
         args = [f"resume={self.run_dir}", *transport] if resume else self.overrides
         return self.launcher.start_server(args, log_path=self.root / "fedserver.log")
@@ -200,11 +200,11 @@ class Federation:
         self.launcher.kill(self.launcher.sites.pop(site))
 
     def site_process_pids(self, site: str) -> list[int]:
-        """Pids of the site's long-lived site process (client/site_process.py)."""
+        """Pids of the site's long-lived site process (client/process/site_process.py)."""
         pids = []
         for pid in processes_mentioning(str(self.state_dir(site))):
             try:
-                if any("client.site_process" in a for a in psutil.Process(pid).cmdline()):
+                if any("client.process.site_process" in a for a in psutil.Process(pid).cmdline()):
                     pids.append(pid)
             except psutil.Error:  # gone, or a zombie
                 pass

@@ -87,7 +87,7 @@ def _argparse(parser, words: list[str]) -> None:
 
 
 def check_fedserver(words: list[str]) -> None:
-    from server import admin
+    from server.deploy import admin
 
     parsers = {
         "certs": admin.certs_parser,
@@ -98,7 +98,7 @@ def check_fedserver(words: list[str]) -> None:
     assert set(parsers) == set(admin.SUBCOMMANDS), "a fedserver subcommand has no parser here"
     if words and words[0] in parsers:
         return _argparse(parsers[words[0]](), words[1:])
-    from server.main import split_command
+    from server.deploy.fedserver import split_command
 
     _, args = split_command([w for w in words if w != "--debug"])
     resume = [w for w in args if w.startswith("resume=")]
@@ -109,9 +109,9 @@ def check_fedserver(words: list[str]) -> None:
 
 
 def check_fedclient(words: list[str]) -> None:
-    from client.keygen import parser as keygen_parser
-    from client.main import parser
-    from client.site_keys import to_flags
+    from client.deploy.fedclient import parser
+    from client.deploy.keygen import parser as keygen_parser
+    from client.deploy.site_keys import to_flags
 
     if words and words[0] == "keygen":
         return _argparse(keygen_parser(), words[1:])
@@ -120,13 +120,13 @@ def check_fedclient(words: list[str]) -> None:
 
 def check_fedsim(words: list[str]) -> None:
     if "experiment=fedfr-demo" in words:  # fedsim hands these to the FedFR demo
-        from server.fedfr.demo import parse_args
+        from server.demos.fedfr_demo import parse_args
 
         _, overrides = parse_args([w for w in words if w != "experiment=fedfr-demo"])
         compose_experiment(["experiment=fedfr-demo", *overrides])
         return
-    from server.launch import LocalSite
-    from server.sim import parse_args, server_overrides
+    from server.demos.fedsim import parse_args, server_overrides
+    from server.deploy.local_federation import LocalSite
 
     a, overrides = parse_args(words)
     sites = [LocalSite(s, "market1501", Path("/data") / s, Path("/state") / s) for s in a.sites]
@@ -147,7 +147,7 @@ def check_fedeval(words: list[str]) -> None:
 
 
 def check_fedstudy(words: list[str]) -> None:
-    from server.study import STUDY_DIR, load_study, parser
+    from server.studies.fedstudy import STUDY_DIR, load_study, parser
 
     a, overrides = parser().parse_known_args(words)
     load_study(a.study, overrides)

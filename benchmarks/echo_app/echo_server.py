@@ -78,7 +78,7 @@ class EchoStrategy(FedAvg):
 
 def server_fn(context: Context) -> ServerAppComponents:
     # the whole experiment (run_dir included) as the project's ServerApp gets it: the run config
-    # carries only the site view, whose run_dir is the default (server/main.py polls the real one)
+    # carries only the site view, whose run_dir is the default (server/deploy/fedserver.py polls the real one)
     cfg = serverapp_config(context.run_config)
     nbytes = packed_nbytes(expected_manifest(cfg))  # the project's packed message, byte for byte
     return ServerAppComponents(

@@ -9,7 +9,7 @@ server, select this round's public hard negatives with the global model, train E
 are not counted).
 
 The site model (with W_l and the DFC layer), the copies Theta_g^t and Theta_l^{t-1}, the optimiser
-and the loader come from the site's runtime (``client/site_runtime.py``), which builds them or
+and the loader come from the site's runtime (``client/runtime/site_runtime.py``), which builds them or
 keeps them between rounds. The loader's dataset is the site's images and every public image: a
 round picks its hard negatives by index.
 """
@@ -28,8 +28,8 @@ from torch.utils.data import DataLoader
 from client.fedfr.site_evaluation import evaluate_site, site_models
 from client.fedfr.state import FEDFR_STATE, FedFRSiteState
 from client.fedfr.train import LocalTraining, imprint, round_hard_negatives, round_learning_rate, train_local
+from client.runtime.settings import SiteSettings
 from client.site import SiteClient
-from client.site_settings import SiteSettings
 from common.config.experiment import ExperimentConfig
 from common.datasets.base import Record
 from common.datasets.face_folder import FaceFolder, FaceSite

@@ -1,4 +1,4 @@
-"""What a FedFR site keeps between rounds and restarts (``<state_dir>/fedfr_state.pt``, ``client/state.py``).
+"""What a FedFR site keeps between rounds and restarts (``<state_dir>/fedfr_state.pt``, ``client/runtime/state.py``).
 
 The full site model at the end of its last round: the local backbone Theta_l (the next round's
 "previous model" of the contrastive loss, and the personalised model's backbone), Phi, W_l and the
@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from client.state import SiteStateStore
+from client.runtime.state import SiteStateStore
 
 
 @dataclass

@@ -5,7 +5,7 @@ from the server and the head from the site state (Eq. 7), start the local expert
 model at the end of its previous round (Eq. 10), train t_max (Eq. 3, 9-13), save the state
 atomically and return ONLY the shared tensors (the embedding; nothing of the head ever leaves the
 site), packed into one array both ways (``common/params.py``). The model, the expert, the
-optimiser and the loader come from the site's runtime (``client/site_runtime.py``), which builds
+optimiser and the loader come from the site's runtime (``client/runtime/site_runtime.py``), which builds
 them or keeps them between rounds; a model with a state to take is built straight into its
 tensors, without its random initialisation (``common/models/from_state.py``).
 """
@@ -23,8 +23,8 @@ from torch.utils.data import DataLoader
 
 from client.fedreid.state import FEDREID_STATE, FedReIDSiteState
 from client.fedreid.train import make_optimizer, set_round_lr, train_round
+from client.runtime.settings import SiteSettings
 from client.site import SiteClient
-from client.site_settings import SiteSettings
 from common.config.experiment import ExperimentConfig
 from common.config.modes import mode_of
 from common.datasets import build_reader
@@ -76,7 +76,7 @@ class FedReIDClient(SiteClient):
         return len(self.data.train)
 
     def get_properties(self, config):
-        """Who this site is (the coordinator names every new node by it, server/sites.py) and how many
+        """Who this site is (the coordinator names every new node by it, server/strategy/sites.py) and how many
         training identities it has (the census of a common-head baseline, server/fedreid/fedavg_strategy.py;
         nothing else about its data)."""
         return {"site": self.s.site, "num_identities": int(self.num_classes)}

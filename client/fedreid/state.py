@@ -1,4 +1,4 @@
-"""What a FedReID site keeps between rounds and restarts (``<state_dir>/site_state.pt``, ``client/state.py``).
+"""What a FedReID site keeps between rounds and restarts (``<state_dir>/site_state.pt``, ``client/runtime/state.py``).
 
 The mapping head (Eq. 7), the model at the end of the last round (the next local expert, Eq. 10,
 and the "previous local model"; without a reader of the whole model, i.e. no local expert, no
@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from client.state import SiteStateStore
+from client.runtime.state import SiteStateStore
 
 
 @dataclass

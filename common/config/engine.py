@@ -3,7 +3,7 @@
 ``deployment`` (default): a SuperLink and one SuperNode per site, real processes or machines
 (``fedserver`` + ``fedclient``). ``simulation``: Flower's simulation engine, the same ServerApp and
 ClientApp with N *virtual* sites in long-lived Ray workers on this machine or a Ray cluster
-(``fedserver engine=simulation``, ``fedsim --engine simulation``; server/simulation.py).
+(``fedserver engine=simulation``, ``fedsim --engine simulation``; server/deploy/simulation_engine.py).
 """
 
 from __future__ import annotations

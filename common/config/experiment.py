@@ -195,10 +195,10 @@ class SuperLinkConfig:
     startup_timeout_s: float = 60.0
     # On an `address` other machines can reach, the SuperLink listens on 127.0.0.1:`loopback_port`
     # (0: a free port) and fedserver starts an nginx front on `address` that forwards only the
-    # Fleet API (server/front.py, server/nginx_config.py); without nginx fedserver refuses to start.
+    # Fleet API (server/deploy/front.py, server/deploy/nginx_config.py); without nginx fedserver refuses to start.
     loopback_port: int = 0
     # `address` is reached only through a proxy of the operator's own: fedserver starts no front and
-    # the SuperLink listens on `address` itself (the proxy must do what server/nginx_config.py does)
+    # the SuperLink listens on `address` itself (the proxy must do what server/deploy/nginx_config.py does)
     behind_proxy: bool = False
 
 
@@ -234,7 +234,7 @@ class ExperimentConfig:
     superlink: SuperLinkConfig = field(default_factory=SuperLinkConfig)
     fedfr: FedFRConfig = field(default_factory=FedFRConfig)  # task: fedfr (seed 001)
     engine: EngineConfig = field(default_factory=EngineConfig)  # deployment | simulation (Flower's runtimes)
-    # Set by `fedserver resume=RUN_DIR` (server/resume.py), not by hand: the checkpoint the ServerApp
+    # Set by `fedserver resume=RUN_DIR` (server/deploy/resume.py), not by hand: the checkpoint the ServerApp
     # continues from (round k+1 onwards). Empty for a new run.
     resume_from: str = ""
 

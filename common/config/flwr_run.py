@@ -4,7 +4,7 @@ and by every virtual ClientApp alike.
 ``flwr run . --run-config 'experiment="demo" data-dir="runs/demo-data" overrides="rounds=1"'``
 names an experiment (``conf/experiment/<name>.yaml``), the folder of the synthetic demo data and
 Hydra overrides; these keys are declared in pyproject's ``[tool.flwr.app.config]``. The ServerApp
-(server/flwr_run.py) and each ClientApp compose the same experiment from them with the project's
+(server/flower/flwr_run.py) and each ClientApp compose the same experiment from them with the project's
 one composition (``compose_experiment``, as ``fedserver`` and ``fedsim``) on Flower's simulation
 engine: partition ``i`` is ``sites[i]``, its data and state folders come from ``engine.sites``
 (for ``experiment=demo``: the synthetic world in ``data-dir``, written by the ServerApp when
@@ -34,7 +34,7 @@ DATA_DIR_KEY = "data-dir"  # experiment=demo: the synthetic world ("" = RUN_DIR/
 OVERRIDES_KEY = "overrides"  # Hydra overrides, separated by spaces (shell quoting)
 
 # experiment=demo: every site and the unseen targets in the Market-1501 layout, each in
-# DATA_DIR/<name> (server/fedreid/demo.py write_data with its default site layouts)
+# DATA_DIR/<name> (server/demos/fedreid_demo.py write_data with its default site layouts)
 DEMO = "demo"
 DEMO_READER = "market1501"
 DEMO_TARGETS = ("synth_a", "synth_b")

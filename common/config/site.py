@@ -2,9 +2,9 @@
 node config out (``flower-supernode --node-config``), and back in the ClientApp. Never sent anywhere.
 
 One typed :class:`SiteConfig` and one conversion each way (:meth:`SiteConfig.to_node_config`,
-:meth:`SiteConfig.from_node_config`): ``fedclient`` (client/main.py) writes it, the ClientApp and
-the site process read it (client/site_settings.py), a virtual site of the simulation engine gets
-the same (client/virtual_site.py). Both tasks use it.
+:meth:`SiteConfig.from_node_config`): ``fedclient`` (client/deploy/fedclient.py) writes it, the ClientApp and
+the site process read it (client/runtime/settings.py), a virtual site of the simulation engine gets
+the same (client/flower/virtual_site.py). Both tasks use it.
 """
 
 from __future__ import annotations
@@ -49,13 +49,13 @@ class SiteConfig:
     # this site's non-mated probes (the paper's protocol: the other sites'); "" = the public images
     impostor_roots: str = ""
     device: str = "cpu"  # torch device of local training (cpu, cuda, cuda:1, auto)
-    fault: str = ""  # fault injection for tests only (client/faults.py); empty on a real site
+    fault: str = ""  # fault injection for tests only (client/process/faults.py); empty on a real site
     # a long-lived site process: keep the last state, the modules on the device and the loader's
     # workers between rounds, write the state off the reply's path
     hold_state: bool = False
-    site_socket: str = ""  # the long-lived site process's channel (client/forward.py); "" = none
+    site_socket: str = ""  # the long-lived site process's channel (client/process/forward.py); "" = none
     # the coordinator's public key (coordinator.pub): every instruction must carry its signature
-    # (client/signed_instructions_mod.py); "" = instructions are not verified (plain text only)
+    # (client/flower/signed_instructions_mod.py); "" = instructions are not verified (plain text only)
     coordinator_key: str = ""
     # refuse every fit instruction that does not come through secure aggregation (SecAgg+):
     # the site's update never leaves it in the clear, whatever the coordinator runs

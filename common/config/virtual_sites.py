@@ -1,7 +1,7 @@
 """Every virtual site of a simulation run with its reader, data root and private state folder.
 
 One function for whoever composes a simulation run: ``fedserver engine=simulation``
-(server/simulation.py) and a run ``flwr run .`` submitted, whose ServerApp and ClientApps each
+(server/deploy/simulation_engine.py) and a run ``flwr run .`` submitted, whose ServerApp and ClientApps each
 compose it from the run config (common/config/flwr_run.py).
 """
 

@@ -2,7 +2,7 @@
 
 The draws do not depend on which process loads a sample (the main process or any DataLoader
 worker), in which order, or on what that process drew before: a site trains the same at
-``num_workers=0`` and with persistent workers kept across rounds (``client/round_loader.py``).
+``num_workers=0`` and with persistent workers kept across rounds (``client/runtime/round_loader.py``).
 
 - :class:`RoundBatches` (the loader's batch sampler, in the main process): each pass over the
   round's indices is a permutation from the round's generator, and every index comes as a key

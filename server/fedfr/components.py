@@ -4,7 +4,7 @@ Starts from the pre-trained generic model [Theta_g^0, Phi_g] (``fedserver ... fe
 aggregates with :class:`FedFRStrategy` (Eq. 2/4) and reports every round with the same
 ``RoundReporter`` as FedReID (metrics.json/csv, global_latest.pt / global_final.pt, status.json),
 evaluating the generic model on ``fedfr.ijbc_root`` when set. ``fedserver resume=RUN_DIR`` continues
-a FedFR run as it does a FedReID one (``server/resume.py``); the sites keep the state their
+a FedFR run as it does a FedReID one (``server/deploy/resume.py``); the sites keep the state their
 replayed round starts from (``client/fedfr/state.py``).
 """
 
@@ -24,9 +24,9 @@ from server.fedfr.evaluate import GenericEvaluator
 from server.fedfr.pretrain import load_pretrained, pretrained_path
 from server.fedfr.site_evaluation import SiteEvaluation
 from server.fedfr.strategy import FedFRStrategy
-from server.reporting import RoundReporter
-from server.run_setup import resume_checkpoint, run_components
-from server.strategy_settings import settings_from_config
+from server.run.reporting import RoundReporter
+from server.run.setup import resume_checkpoint, run_components
+from server.strategy.settings import settings_from_config
 
 log = logging.getLogger("fedserver")
 

@@ -1,7 +1,7 @@
 """What a FedFR pre-training depends on, as one key: studies pre-train once per seed, not once per run.
 
 The runs of a study that differ only in the federated stage (FedFR's Table 1 rows: hard negatives,
-contrastive term, DFC) start from the same generic model Theta_g^0. ``server/fedfr/demo.py
+contrastive term, DFC) start from the same generic model Theta_g^0. ``server/demos/fedfr_demo.py
 --pretrained-cache DIR`` keeps each pre-trained model under this key and copies it into a run
 whose key matches instead of pre-training again. The key covers everything the pre-training reads
 (``server/fedfr/pretrain.py``): the experiment's seed, device, threads and loader workers, the FedFR

@@ -24,9 +24,9 @@ from common.checkpoint import atomic_json_save
 from common.config.experiment import ExperimentConfig
 from common.evaluation.fedfr_protocols import mean_over_sites
 from common.evaluation.fedfr_site_scoring import SITE_COUNTS, SITE_ROWS, reply_keys
-from server.replies import ReplyError, check_metrics
-from server.reporting import RoundReporter
-from server.site_metrics import SiteMetrics, describe_dropped
+from server.run.reporting import RoundReporter
+from server.strategy.replies import ReplyError, check_metrics
+from server.strategy.site_metrics import SiteMetrics, describe_dropped
 
 log = logging.getLogger("fedserver")
 

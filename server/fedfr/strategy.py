@@ -24,9 +24,9 @@ from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 
 from server.fedfr.site_evaluation import SiteEvaluation
-from server.site_metrics import FEDFR_SITE_METRICS
-from server.strategy import FedReIDStrategy
-from server.strategy_settings import StrategySettings
+from server.strategy.base import FedReIDStrategy
+from server.strategy.settings import StrategySettings
+from server.strategy.site_metrics import FEDFR_SITE_METRICS
 
 log = logging.getLogger("fedserver")
 

@@ -19,10 +19,10 @@ from common.params import Manifest, get_shared, set_shared
 from common.seeding import seed_everything
 from server.fedreid.evaluate import ReIDEvaluator, evaluate_arrays
 from server.fedreid.fedavg_strategy import FedAvgStrategy
-from server.reporting import RoundReporter
-from server.run_setup import resume_checkpoint, run_components
-from server.strategy import FedReIDStrategy
-from server.strategy_settings import settings_from_config
+from server.run.reporting import RoundReporter
+from server.run.setup import resume_checkpoint, run_components
+from server.strategy.base import FedReIDStrategy
+from server.strategy.settings import settings_from_config
 
 log = logging.getLogger("fedserver")
 

@@ -7,7 +7,7 @@ identity counts of the sites before it in the configured ``sites`` order. The co
 the sites themselves (a ``get_properties`` census before round 1: ``{"site", "num_identities"}``),
 never from a hard-coded total; ``strategy.fedavg_num_classes`` must equal their sum (one logit per
 identity: a larger head would train logits that belong to no one, so the run is refused). ``fedsim``
-sets it from the same census of the data it writes (server/sim.py ``identity_census``).
+sets it from the same census of the data it writes (server/demos/fedsim.py ``identity_census``).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 
 from common.config.modes import label_offsets
-from server.strategy import FedReIDStrategy
+from server.strategy.base import FedReIDStrategy
 
 log = logging.getLogger("fedserver")
 
@@ -65,7 +65,7 @@ class FedAvgStrategy(FedReIDStrategy):
 
     def _census(self, client_manager: ClientManager) -> None:
         """Ask every named site's node not asked yet for its identity count (bounded waits). The site is
-        the one the coordinator named the node (server/sites.py), never the name in the answer."""
+        the one the coordinator named the node (server/strategy/sites.py), never the name in the answer."""
         named = self.roster.update(client_manager.all())
         proxies = [p for p in named.values() if p.cid not in self.asked]
         with ThreadPoolExecutor(max_workers=max(1, len(proxies))) as pool:

@@ -4,7 +4,7 @@ FedReID starts every site from "ResNet-50 pre-trained on ImageNet"; a machine th
 those weights (a study here) starts instead from an embedding trained, before any federated run, on
 a large synthetic Re-ID world of its own: ``domains`` domains (camera styles) x ``ids_per_domain``
 identities, drawn from seeds that no site and no target of ``fedsim`` uses (``SOURCE_DOMAIN_SEED``,
-``SOURCE_IDENTITY_SEED`` against server/fedreid/demo.py's 10+i / 1000+i and 101.. / 2101..), so the
+``SOURCE_IDENTITY_SEED`` against server/demos/fedreid_demo.py's 10+i / 1000+i and 101.. / 2101..), so the
 source world is disjoint from every site and every target. The embedding with a linear
 classifier over all source identities is trained with cross-entropy (SGD, momentum 0.9, cosine
 lr), then its trunk is saved as a torchvision-style state_dict: what ``model.pretrained=<file>``
@@ -48,7 +48,7 @@ from common.seeding import seed_everything, stable_seed
 log = logging.getLogger("fedserver")
 
 # seeds of the source world's domains and identities; fedsim's sites use 10+i / 1000+i and its
-# targets 101.. / 2101.. (server/fedreid/demo.py): these ranges meet none of them
+# targets 101.. / 2101.. (server/demos/fedreid_demo.py): these ranges meet none of them
 SOURCE_DOMAIN_SEED = 7000
 SOURCE_IDENTITY_SEED = 70000
 # the code whose behaviour the weights depend on: a change to any is a new key

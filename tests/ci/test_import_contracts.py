@@ -29,19 +29,33 @@ CLEAN = {
     "common/__init__.py": "",
     "common/base.py": "",
     "server/__init__.py": "",
-    "server/main.py": "import common.base\nimport server.fedreid.run\n",
+    "server/deploy/fedserver.py": "import common.base\nimport server.fedreid.run\n",
     "server/fedreid/__init__.py": "",
     "server/fedreid/run.py": "import common.base\n",
     "server/fedfr/__init__.py": "",
     "server/fedfr/run.py": "import common.base\n",
     "client/__init__.py": "",
-    "client/main.py": "import common.base\n",
+    "client/deploy/fedclient.py": "import common.base\n",
     "client/fedreid/__init__.py": "",
     "client/fedreid/client.py": "import common.base\n",
     "client/fedfr/__init__.py": "",
     "client/fedfr/client.py": "import common.base\n",
+    # one module in every role folder the layers name (server/*, client/*)
+    **{
+        f"{side}/{role}/__init__.py": ""
+        for side, roles in (
+            ("server", ("studies", "demos", "deploy", "flower", "run", "strategy")),
+            ("client", ("deploy", "process", "runtime", "flower")),
+        )
+        for role in roles
+    },
+    **{
+        f"{side}/{name}.py": ""
+        for side, names in (("server", ("cli", "app", "tasks")), ("client", ("cli", "app", "tasks", "site")))
+        for name in names
+    },
     "tests/__init__.py": "",
-    "tests/test_x.py": "import server.main\nimport client.main\n",
+    "tests/test_x.py": "import server.deploy.fedserver\nimport client.deploy.fedclient\n",
 }
 
 
@@ -69,12 +83,21 @@ def test_a_clean_tree_keeps_every_contract(tmp_path):
 @pytest.mark.parametrize(
     ("extra", "broken"),
     [
-        ({"common/base.py": "import server.main\n"}, "common is the base"),
-        ({"server/main.py": "import client.main\n"}, "common is the base"),
-        ({"client/main.py": "import server.main\n"}, "common is the base"),
+        ({"common/base.py": "import server.deploy.fedserver\n"}, "common is the base"),
+        ({"server/deploy/fedserver.py": "import client.deploy.fedclient\n"}, "common is the base"),
+        ({"client/deploy/fedclient.py": "import server.deploy.fedserver\n"}, "common is the base"),
         ({"client/fedfr/client.py": "import client.fedreid.client\n"}, "a task's site code"),
         ({"server/fedreid/run.py": "import server.fedfr.run\n"}, "a task's coordinator code"),
         ({"common/base.py": "import common.other\n", "common/other.py": "import common.base\n"}, "no import cycle"),
+        # a lower role never imports a higher one, on either side
+        ({"server/flower/grid.py": "import server.deploy.fedserver\n"}, "the coordinator's roles"),
+        ({"server/strategy/x.py": "import server.run.x\n", "server/run/x.py": ""}, "the coordinator's roles"),
+        (
+            {"server/app.py": "import server.studies.fedstudy\n", "server/studies/fedstudy.py": ""},
+            "the coordinator's roles",
+        ),
+        ({"client/site.py": "import client.process.faults\n", "client/process/faults.py": ""}, "a site's roles"),
+        ({"client/runtime/x.py": "import client.tasks\n"}, "a site's roles"),
     ],
 )
 def test_each_forbidden_import_breaks_its_contract(tmp_path, extra, broken):

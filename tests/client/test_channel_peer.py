@@ -1,6 +1,6 @@
 """Who is at the other end of a site's channel: both ends check the peer's uid (SO_PEERCRED), and
-fedclient refuses a state folder another user could write to (client/channel.py,
-client/site_process.py, common/private_folder.py).
+fedclient refuses a state folder another user could write to (client/process/channel.py,
+client/process/site_process.py, common/private_folder.py).
 
 The other user is a real one where the tests run as root (CI): a forked process that drops to
 ``nobody`` binds or dials the socket. Elsewhere those tests skip, and the check is exercised with a
@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from client.channel import ChannelError, listen, recv_frame, request, send_frame
-from client.forward import ForwardingClient, SiteProcessError
+from client.process.channel import ChannelError, listen, recv_frame, request, send_frame
+from client.process.forward import ForwardingClient, SiteProcessError
 from common import processes
 
 OTHER_UID = 65534  # nobody
@@ -120,7 +120,7 @@ def test_forwarder_refuses_a_socket_another_user_bound_in_the_state_folder(share
 def test_site_process_answers_no_process_of_another_user(shared_dir, tmp_path):
     folder = shared_dir(0o711)  # another user may pass through, not list or write
     sock = folder / "site.sock"
-    cmd = [sys.executable, "-m", "client.site_process", "--socket", str(sock), "--node-config-json", "{}"]
+    cmd = [sys.executable, "-m", "client.process.site_process", "--socket", str(sock), "--node-config-json", "{}"]
     log = tmp_path / "site_process.log"
     proc = processes.start(cmd, processes.tool_env(), log_path=log)
     try:
@@ -143,7 +143,7 @@ def test_site_process_answers_no_process_of_another_user(shared_dir, tmp_path):
 
 
 def test_forwarder_checks_the_listener_against_the_expected_uid(tmp_path):
-    from client.channel import ForeignPeerError
+    from client.process.channel import ForeignPeerError
 
     sock = tmp_path / "site.sock"
     srv = listen(sock)
@@ -156,7 +156,7 @@ def test_forwarder_checks_the_listener_against_the_expected_uid(tmp_path):
 
 
 def test_peer_uid_is_the_kernel_s_word_on_both_ends():
-    from client.channel import ForeignPeerError, check_peer, peer_uid
+    from client.process.channel import ForeignPeerError, check_peer, peer_uid
 
     a, b = socket.socketpair(socket.AF_UNIX)
     with a, b:

@@ -12,12 +12,12 @@ import torch
 
 import client.fedfr.client as fc
 import client.fedreid.client as nc
-from client.device_modules import cpu_copy
 from client.fedfr.client import FedFRClient
 from client.fedfr.state import FEDFR_STATE
 from client.fedreid.client import FedReIDClient
 from client.fedreid.state import FEDREID_STATE
-from client.site_settings import SiteSettings
+from client.runtime.device_modules import cpu_copy
+from client.runtime.settings import SiteSettings
 from common.models.builder import expected_manifest
 from common.models.fedfr import expected_fedfr_manifest, fedfr_model
 from common.models.reid import build_model

@@ -1,10 +1,10 @@
-"""The faults a test site can be told to inject (client.faults): specs and what each fault sends; the
+"""The faults a test site can be told to inject (client.process.faults): specs and what each fault sends; the
 faults with real processes are in tests/e2e/test_faults.py."""
 
 import numpy as np
 import pytest
 
-from client.faults import Fault, parse_fault
+from client.process.faults import Fault, parse_fault
 from common.params import Manifest, check_arrays, from_wire, pack, packed_nbytes
 
 

@@ -13,7 +13,7 @@ from client.fedfr.state import FEDFR_STATE
 from common.datasets.face_folder import FaceFolder, FaceSite
 from common.models.fedfr import expected_fedfr_manifest, fedfr_model
 from common.params import set_shared
-from server.site_metrics import FEDFR_SITE_METRICS
+from server.strategy.site_metrics import FEDFR_SITE_METRICS
 from tests.fakes import FEDFR_PUBLIC, Unpacked, fedfr_arrays, fedfr_settings, tiny_fedfr_config
 
 
@@ -61,7 +61,7 @@ def test_only_backbone_and_public_proxies_leave_the_site(face_world, tmp_path):
     # the FedAvg weight is the site's own image count, not counting the public hard negatives
     assert metrics["hard_negatives"] == FEDFR_PUBLIC * 6 > 0
     assert n == metrics["own_images"] == len(FaceSite(face_world["face1"]).train) == 12
-    # every key it reports is one the coordinator keeps (server/site_metrics.py)
+    # every key it reports is one the coordinator keeps (server/strategy/site_metrics.py)
     assert set(metrics) <= FEDFR_SITE_METRICS.numbers | set(FEDFR_SITE_METRICS.texts), sorted(metrics)
 
 

@@ -1,5 +1,5 @@
 """Per-message sites of one process (a Ray worker) reuse each other's built modules
-(client/module_pool.py): a reused module is set back to a new one's modes, and every round's update,
+(client/runtime/module_pool.py): a reused module is set back to a new one's modes, and every round's update,
 loss and state file are bit for bit those of rounds that build every module anew."""
 
 import threading
@@ -10,12 +10,12 @@ from torch import nn
 
 import client.fedfr.client as fc
 import client.fedreid.client as nc
-from client.device_modules import DeviceModules
 from client.fedfr.client import FedFRClient
 from client.fedreid.client import FedReIDClient
 from client.fedreid.state import FEDREID_STATE
-from client.module_pool import POOL, ModulePool, Pooled, poolable
-from client.site_settings import SiteSettings
+from client.runtime.device_modules import DeviceModules
+from client.runtime.module_pool import POOL, ModulePool, Pooled, poolable
+from client.runtime.settings import SiteSettings
 from common.models.builder import expected_manifest
 from common.models.fedfr import expected_fedfr_manifest
 from tests.fakes import (

@@ -10,8 +10,8 @@ from torch.utils.data import Dataset
 
 from client.fedfr.client import FedFRClient
 from client.fedreid.client import FedReIDClient
-from client.round_loader import RoundLoader
-from client.site_settings import SiteSettings
+from client.runtime.round_loader import RoundLoader
+from client.runtime.settings import SiteSettings
 from common.models.fedfr import expected_fedfr_manifest
 from tests.fakes import (
     FEDFR_PUBLIC,

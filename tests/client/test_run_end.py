@@ -1,9 +1,9 @@
-"""fedclient's exit status (client.run_end): only a run that reached its last round is a success;
+"""fedclient's exit status (client.process.run_end): only a run that reached its last round is a success;
 refused sites with real processes are in tests/e2e/test_refused_site.py."""
 
 from __future__ import annotations
 
-from client.run_end import Progress, exit_status
+from client.process.run_end import Progress, exit_status
 
 HINT = "register the key with `fedserver register-site"
 

@@ -1,5 +1,5 @@
 """The site's side of secure aggregation: the update it masks, computed by hand, and the two Flower
-internals it relies on (client/secagg_flower.py), pinned."""
+internals it relies on (client/flower/secagg_flower.py), pinned."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from flwr.common import Code, FitIns, FitRes, Status, ndarrays_to_parameters
 from flwr.common.secure_aggregation.secaggplus_constants import Key
 from flwr.server.workflow import SecAggPlusWorkflow
 
-from client.secagg_flower import SECAGG_RECORD, fit_ins, fit_res, fit_res_content
+from client.flower.secagg_flower import SECAGG_RECORD, fit_ins, fit_res, fit_res_content
 from common.params import raw_bytes
 from common.secure_update import clip_to_norm, flat_update, out_of_range, quantum, sum_error_bound
 

@@ -13,8 +13,8 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, Metadata, RecordDict
 
-from client.instruction_ledger import LEDGER, Ledger, advanced, load_ledger, save_ledger, stale_reason
-from client.signed_instructions_mod import signed_instructions_mod
+from client.flower.instruction_ledger import LEDGER, Ledger, advanced, load_ledger, save_ledger, stale_reason
+from client.flower.signed_instructions_mod import signed_instructions_mod
 from common.instruction_signature import NOT_RESUMED, ensure_coordinator_keys, load_coordinator_key, sign_message
 
 NONE = NOT_RESUMED

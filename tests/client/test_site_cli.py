@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from client.coordinator_wait import wait_for_coordinator
-from client.main import parser, site_settings
-from client.secure_aggregation_mod import REQUIRE_KEY
-from client.site_keys import SITE_KEYS, coordinator_sections, to_flags
+from client.deploy.coordinator_wait import wait_for_coordinator
+from client.deploy.fedclient import parser, site_settings
+from client.deploy.site_keys import SITE_KEYS, coordinator_sections, to_flags
+from client.flower.secure_aggregation_mod import REQUIRE_KEY
 from common import processes, superexec
 from common.config.site import SiteConfig
 from common.config.structured import ConfigError
@@ -211,7 +211,7 @@ def test_a_console_scripts_output_to_a_file_is_plain_and_complete_when_it_exits(
 
 
 def test_the_supernode_log_is_a_file_on_a_terminal_else_fedclients_output(tmp_path, monkeypatch, capsys):
-    from client.main import supernode_log
+    from client.deploy.fedclient import supernode_log
 
     assert supernode_log("-", str(tmp_path)) is None
     assert supernode_log(str(tmp_path / "sn.log"), str(tmp_path)) == tmp_path / "sn.log"

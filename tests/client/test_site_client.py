@@ -7,10 +7,10 @@ import torch
 import client.fedreid.client as nc
 from client.fedreid.client import FedReIDClient
 from client.fedreid.state import FEDREID_STATE
-from client.site_settings import SiteSettings
-from client.state import SiteStateStore
+from client.runtime.settings import SiteSettings
+from client.runtime.state import SiteStateStore
 from common.models.builder import expected_manifest, model_for
-from server.site_metrics import FEDREID_SITE_METRICS
+from server.strategy.site_metrics import FEDREID_SITE_METRICS
 from tests.fakes import Unpacked, fit_config, global_arrays, make_client, tiny_config
 
 
@@ -31,7 +31,7 @@ def test_only_shared_keys_leave_the_site(tiny_site, tmp_path):
     for k, a in zip(man.keys, sent):
         np.testing.assert_array_equal(a, saved.model[k].numpy())
     assert n == 16 and metrics["site"] == "market1501"
-    # every key it reports is one the coordinator keeps (server/site_metrics.py)
+    # every key it reports is one the coordinator keeps (server/strategy/site_metrics.py)
     assert set(metrics) <= FEDREID_SITE_METRICS.numbers | set(FEDREID_SITE_METRICS.texts), sorted(metrics)
 
 

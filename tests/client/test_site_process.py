@@ -12,10 +12,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from client.channel import ChannelError, listen, recv_frame, request, send_frame
-from client.held_state import HeldState
-from client.site_supervisor import SiteSupervisor
-from server.site_metrics import PROCESS_TIMINGS
+from client.process.channel import ChannelError, listen, recv_frame, request, send_frame
+from client.process.supervisor import SiteSupervisor
+from client.runtime.held_state import HeldState
+from server.strategy.site_metrics import PROCESS_TIMINGS
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -84,7 +84,7 @@ import numpy as np
 from flwr.common import (Context, FitIns, GetPropertiesIns, RecordDict, ndarrays_to_parameters,
                          parameters_to_ndarrays)
 from client.app import client_fn
-from client.channel import listen, recv_frame, send_frame
+from client.process.channel import listen, recv_frame, send_frame
 
 path = sys.argv[1]
 srv = listen(path)
@@ -128,12 +128,12 @@ def test_forwarder_passes_the_message_and_imports_no_torch(tmp_path):
     assert out["props"] == {"site": "s1", "num_identities": 4}  # the site roster's question, answered by the site
     assert out["metrics"]["op"] == "fit" and out["metrics"]["round"] == 4 and out["metrics"]["site"] == "s1"
     assert out["metrics"]["clientapp_seconds"] >= out["metrics"]["startup_seconds"] > 0
-    # what the forwarder adds is declared for every task (server/site_metrics.py)
+    # what the forwarder adds is declared for every task (server/strategy/site_metrics.py)
     assert set(out["metrics"]) - {"site", "op", "round"} <= set(PROCESS_TIMINGS), sorted(out["metrics"])
 
 
 def test_forwarder_without_a_site_process_is_an_error_naming_the_site(tmp_path, monkeypatch):
-    import client.forward as fw
+    import client.process.forward as fw
 
     monkeypatch.setattr(fw, "CONNECT_WAIT_S", 0.3)
     c = fw.ForwardingClient(str(tmp_path / "site.sock"), "{}", site="dukemtmc")
@@ -194,8 +194,8 @@ def test_supervisor_restarts_a_dead_site_process_a_bounded_number_of_times(tmp_p
 def test_an_evaluate_message_reaches_the_site_process_and_only_metrics_come_back(tmp_path):
     """Flower's evaluate round on a site with a site process: the forwarder passes the arrays, the
     site process runs the site's ``evaluate`` and the reply is (loss, count, metrics), no arrays."""
-    from client.forward import ForwardingClient
-    from client.site_process import SiteHost
+    from client.process.forward import ForwardingClient
+    from client.process.site_process import SiteHost
 
     class Site:
         def evaluate(self, arrays, config):

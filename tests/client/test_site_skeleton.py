@@ -20,9 +20,9 @@ import torch
 from torch import nn
 from torch.utils.data import TensorDataset
 
+from client.runtime.settings import SiteSettings
+from client.runtime.state import SiteStateStore
 from client.site import SiteClient
-from client.site_settings import SiteSettings
-from client.state import SiteStateStore
 from common.params import from_wire, prefix_manifest, to_wire
 from tests.fakes import tiny_config
 
@@ -175,7 +175,7 @@ def test_a_site_not_in_the_run_is_refused():
 
 @pytest.mark.parametrize("task", ["fedreid", "fedfr"])
 def test_task_code_never_sees_how_the_site_runs(task):
-    """Holding state, modules and loaders is the runtime's (client/site_runtime.py), not a task's."""
+    """Holding state, modules and loaders is the runtime's (client/runtime/site_runtime.py), not a task's."""
     for path in sorted((ROOT / "client" / task).glob("*.py")):
         text = path.read_text()
         found = re.findall(r"hold_state|\bhold=|persistent=|HeldState|DeviceModules|RoundLoader|module_pool", text)

@@ -72,7 +72,7 @@ def test_a_state_of_another_site_model_or_data_is_refused(tmp_path):
 
 
 def test_a_round_is_read_once_and_a_replaced_file_is_never_taken_for_the_one_read(tmp_path, monkeypatch):
-    import client.state as state
+    import client.runtime.state as state
 
     def reid(last_round: int) -> FedReIDSiteState:
         return FedReIDSiteState(site="market1501", manifest_hash="h", num_classes=4, last_round=last_round)

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from client.virtual_site import VirtualSites, is_virtual, virtual_node_config
+from client.flower.virtual_site import VirtualSites, is_virtual, virtual_node_config
 from common import processes
 from common.config.compose import compose_experiment
 from common.config.engine import VirtualSiteConfig
@@ -125,7 +125,7 @@ def test_federation_config_as_flower_reads_it():
     from flwr.common.config import parse_config_args
     from flwr.supercore.utils import simulation_config_from_json
 
-    from server.simulation import federation_config
+    from server.deploy.simulation_engine import federation_config
 
     cfg = sim_config(6, num_cpus=2, num_gpus=0.25, ray_num_cpus=4)
     parsed = parse_config_args([federation_config(cfg)])  # what `flwr run --federation-config` does
@@ -142,7 +142,7 @@ def test_federation_config_as_flower_reads_it():
 
 
 def test_virtual_sites_filled_from_site_configs(tmp_path, tiny_site):
-    from server.simulation import SimulationEngine
+    from server.deploy.simulation_engine import SimulationEngine
 
     cfg = tiny_config(
         sites=["market1501", "dukemtmc"],
@@ -162,7 +162,7 @@ def test_virtual_sites_filled_from_site_configs(tmp_path, tiny_site):
 
 
 def test_site_list_numbers_virtual_sites():
-    from server.launch import site_list
+    from server.deploy.local_federation import site_list
 
     assert site_list(["3"], "simulation") == ["site01", "site02", "site03"]
     assert site_list(["100"], "simulation", prefix="face")[-1] == "face100"
@@ -196,7 +196,7 @@ def test_kill_tagged_ends_only_the_runs_processes():
         processes.kill_tagged("")
 
 
-# ---- what a Ray worker keeps between messages (client/virtual_site.py VirtualSites) ----
+# ---- what a Ray worker keeps between messages (client/flower/virtual_site.py VirtualSites) ----
 
 
 class Built:
@@ -260,8 +260,8 @@ def test_two_workers_training_one_site_by_turns_equal_the_plain_path(tmp_path, t
     from flwr.common import FitIns, ndarrays_to_parameters
 
     from client.fedreid.state import FEDREID_STATE
+    from client.flower.wire_client import WireClient
     from client.tasks import build_site
-    from client.wire_client import WireClient
     from common.models.builder import expected_manifest
     from tests.fakes import global_arrays
 
@@ -315,7 +315,7 @@ def test_the_clientapp_serves_a_virtual_site_from_its_worker_cache(monkeypatch):
 def test_simulation_processes_reuse_freed_memory_unless_told_otherwise(tmp_path, monkeypatch):
     import shutil
 
-    from server.simulation import SimulationEngine
+    from server.deploy.simulation_engine import SimulationEngine
 
     def env_of(cfg) -> dict[str, str]:
         engine = SimulationEngine()

@@ -15,7 +15,7 @@ from flwr.common import (
     ndarrays_to_parameters,
 )
 
-from client.wire_client import WireClient, npy_array, npy_bytes
+from client.flower.wire_client import WireClient, npy_array, npy_bytes
 
 RNG = np.random.default_rng(0)
 ARRAYS = [

@@ -129,7 +129,7 @@ def test_split_classes_with_named_held_out_classes():
 
 
 def test_fedsim_held_out_classes_option():
-    from server.sim import parse_args
+    from server.demos.fedsim import parse_args
 
     a, _ = parse_args(["--engine", "simulation", "--held-out-classes", "0,6", "--world", "fashion-mnist"])
     assert a.held_out_classes == [0, 6]
@@ -287,7 +287,7 @@ def test_score_target_reports_the_probe_per_target():
 
 
 def test_fedsim_class_world_and_pooled_site(tmp_path):
-    from server.sim_worlds import POOLED, pool_sites, write_class_data
+    from server.demos.worlds import POOLED, pool_sites, write_class_data
 
     rng = np.random.default_rng(0)
     src = tmp_path / "fm"

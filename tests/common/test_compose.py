@@ -17,11 +17,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from client.main import parser as fedclient_parser
+from client.deploy.fedclient import parser as fedclient_parser
 from common.config.compose import compose_experiment, site_names
-from server.admin import certs_main, list_sites_parser
-from server.main import build_superlink_cmd
-from server.nginx_config import DOCKER_FRONT, render
+from server.deploy.admin import certs_main, list_sites_parser
+from server.deploy.fedserver import build_superlink_cmd
+from server.deploy.nginx_config import DOCKER_FRONT, render
 from tests.fakes import load_compose
 
 REPO = Path(__file__).resolve().parents[2]
@@ -232,7 +232,7 @@ def test_dockerfile_installs_from_pyproject_dependencies_before_the_source(tmp_p
 
 
 def test_proxy_runs_the_front_configuration_for_compose_s_coordinator(compose):
-    """docker/proxy/nginx.conf is the front's one configuration (server/nginx_config.py, tested with
+    """docker/proxy/nginx.conf is the front's one configuration (server/deploy/nginx_config.py, tested with
     a real nginx in tests/server/test_nginx_front.py) rendered for compose's addresses and secrets."""
     assert (DOCKER / "proxy" / "nginx.conf").read_text() == render(DOCKER_FRONT), (
         "docker/proxy/nginx.conf differs from the rendering: regenerate it with the command in its header"
@@ -252,7 +252,7 @@ def test_proxy_runs_the_front_configuration_for_compose_s_coordinator(compose):
 
 def test_fedclient_help_lists_the_flags_compose_uses(compose):
     r = subprocess.run(
-        [sys.executable, "-m", "client.main", "--help"],
+        [sys.executable, "-m", "client.deploy.fedclient", "--help"],
         cwd=REPO,
         capture_output=True,
         text=True,

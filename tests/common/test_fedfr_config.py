@@ -73,7 +73,7 @@ def test_evaluation_reads_the_runs_own_config(tmp_path):
 
 def test_a_milestone_past_the_last_round_is_refused_in_one_line(tmp_path):
     from common.config.fedfr import check_lr_milestones
-    from server.fedfr.demo import main as fedfr_demo
+    from server.demos.fedfr_demo import main as fedfr_demo
 
     check_lr_milestones([4], 4)  # the demo's decay at its last round
     check_lr_milestones([], 1)

@@ -129,7 +129,7 @@ def test_ijbc_style_meta_files(tmp_path):
 def test_demo_data_is_rewritten_when_its_parameters_change(tmp_path):
     import argparse
 
-    from server.fedfr.demo import write_data
+    from server.demos.fedfr_demo import write_data
 
     a = argparse.Namespace(
         public_ids=3, public_images=2, ids_per_site=2, train=2, test=1, ijbc_subjects=2, size=16, seed=0

@@ -7,7 +7,7 @@ import types
 from pathlib import Path
 
 from common.datasets.fingerprint import MARKER, data_fingerprint
-from server.fedreid.demo import write_data
+from server.demos.fedreid_demo import write_data
 
 SMALL = {"train_ids": 3, "images_per_id": 3, "target_ids": 3}
 

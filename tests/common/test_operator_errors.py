@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from client import main as fedclient
+from client.deploy import fedclient
 from common.datasets.synthetic import write_market_layout
 from common.writable import NotWritableError, check_writable
-from server import main as fedserver
+from server.deploy import fedserver
 
 TRAIN_IDS, IMAGES_PER_ID = 4, 4  # 16 training images
 

@@ -16,8 +16,8 @@ from common.models.builder import expected_manifest, initial_model
 from common.models.pretrained import IMAGENET_WEIGHTS, PretrainedWeightsError
 from common.params import get_shared
 from server.fedreid.checks import check_initial_weights
-from server.reporting import RoundReporter
-from server.strategy import RoundRecord
+from server.run.reporting import RoundReporter
+from server.strategy.base import RoundRecord
 from tests.fakes import tiny_config
 
 

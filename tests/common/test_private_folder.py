@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from client.main import main as fedclient_main
+from client.deploy.fedclient import main as fedclient_main
 from common.private_folder import NotPrivateError, check_private, make_private
 
 

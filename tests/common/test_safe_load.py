@@ -19,9 +19,9 @@ import torch
 from client.fedfr.state import FEDFR_STATE, FedFRSiteState
 from client.fedreid.state import FEDREID_STATE, FedReIDSiteState
 from common.checkpoint import UnsafeCheckpointError, atomic_torch_save, to_plain, torch_load
-from server import main as fedserver
-from server.checkpoint import CHECKPOINT
+from server.deploy import fedserver
 from server.fedreid import fedeval as fedreid_fedeval
+from server.run.checkpoint import CHECKPOINT
 
 
 class _RunsCode:

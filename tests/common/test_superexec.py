@@ -7,11 +7,11 @@ import argparse
 import os
 import stat
 
-from client import main as fedclient
+from client.deploy import fedclient
 from common import superexec
 from common.config.compose import compose_experiment
 from common.config.site import SiteConfig
-from server import main as fedserver
+from server.deploy import fedserver
 
 
 def test_secret_is_new_random_and_private(tmp_path):

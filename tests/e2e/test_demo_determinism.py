@@ -21,7 +21,7 @@ def _demo(out: Path, threads: str, tmp_path: Path) -> list[dict]:
     cmd = [
         sys.executable,
         "-m",
-        "server.sim",
+        "server.demos.fedsim",
         "--out",
         str(out),
         "--sites",

@@ -126,7 +126,7 @@ def test_nan_shape_and_dtype_updates_are_dropped_by_site_name(tmp_path):
     assert "non-finite" in lines["dukemtmc"], lines
     # one value too many (shape) and float64 (dtype): the packed length is refused with the manifest's numbers
     assert f"hold {need + 4:,} bytes" in lines["cuhk03"] and f"needs {need:,}" in lines["cuhk03"], lines
-    # twice the bytes is refused before decoding (server/replies.py): its size on the wire, header included
+    # twice the bytes is refused before decoding (server/strategy/replies.py): its size on the wire, header included
     wire = re.search(r"the packed array is ([\d,]+) bytes on the wire", lines["msmt17"])
     assert wire and 0 < int(wire.group(1).replace(",", "")) - 2 * need < 4096, lines
     assert f"needs {need:,} plus a .npy header" in lines["msmt17"], lines
@@ -147,7 +147,7 @@ def test_slow_and_unreachable_sites_time_out_and_the_round_goes_on(tmp_path):
         fed.start_site("market1501")
         fed.start_site("dukemtmc", fault="sleep:600")  # slow: never replies within the timeout
         fed.start_site("cuhk03")
-        # named by the coordinator (server/sites.py) before round 1, then silent: the round must time out
+        # named by the coordinator (server/strategy/sites.py) before round 1, then silent: the round must time out
         fed.wait_for(lambda: _log_has(tmp_path / "fedserver.log", "site cuhk03 is node"), 300, "cuhk03 to be named")
         fed.freeze_site("cuhk03")  # unreachable: registered, then silent (SIGSTOP)
         t0 = time.monotonic()
@@ -163,7 +163,7 @@ def test_slow_and_unreachable_sites_time_out_and_the_round_goes_on(tmp_path):
 
 @pytest.mark.timeout(600)
 def test_a_site_sending_a_huge_update_is_clipped_and_the_honest_run_goes_on(tmp_path):
-    from server.checkpoint import load_server_checkpoint
+    from server.run.checkpoint import load_server_checkpoint
 
     sites = ["cuhk03", "dukemtmc", "market1501"]
     with Federation(tmp_path, sites, ["rounds=1", "round_timeout_s=240"]) as fed:

@@ -1,7 +1,7 @@
 """docker/compose.yaml's topology for real, without Docker: Linux network namespaces.
 
 (Compose's proxy is fedserver's own front here: on the public address it runs nginx with the same
-configuration, server/nginx_config.py, and the SuperLink on loopback. tests/e2e/test_docker_compose.py
+configuration, server/deploy/nginx_config.py, and the SuperLink on loopback. tests/e2e/test_docker_compose.py
 runs the compose file itself, proxy container included, when a Docker engine is there.)
 
 The coordinator runs in one namespace at 10.200.0.1, each site in its own namespace with its own

@@ -9,7 +9,7 @@ import sqlite3
 import pytest
 
 from common.config.experiment import ExperimentConfig
-from server.checkpoint import CHECKPOINT, load_server_checkpoint
+from server.run.checkpoint import CHECKPOINT, load_server_checkpoint
 from tests.federation import Federation
 
 

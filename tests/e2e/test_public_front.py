@@ -1,5 +1,5 @@
 """A coordinator on a public address, attacked and then used: fedserver puts its nginx front there
-(server/front.py) and the SuperLink on loopback. With TLS and node authentication, as a real
+(server/deploy/front.py) and the SuperLink on loopback. With TLS and node authentication, as a real
 coordinator runs: an unauthenticated 300 MB POST is refused early and the SuperLink's memory does
 not move; the encoded traversal to a Fleet call is refused by the front; then a registered site
 trains a round through the front and the run completes; fedserver stops nginx when it ends."""

@@ -63,7 +63,7 @@ def test_virtual_sites_run_on_both_nodes_of_a_two_node_ray_cluster(tmp_path):
             if p.name() == "raylet" or p.cmdline()[:1] and p.cmdline()[0].endswith("/raylet")
         ]
         assert len(raylets) == 2, [p.cmdline()[:1] for p in raylets]
-        cmd = [sys.executable, "-m", "server.sim", "--out", str(out), "--sites", "4", "--engine", "simulation"]
+        cmd = [sys.executable, "-m", "server.demos.fedsim", "--out", str(out), "--sites", "4", "--engine", "simulation"]
         cmd += [*TINY_REID, "--timeout", "600", "rounds=2", f"engine.ray_address=127.0.0.1:{port}"]
         cmd += ["engine.num_cpus=1"]
         proc = subprocess.Popen(

@@ -14,9 +14,9 @@ import time
 
 import pytest
 
-from client.run_end import PROGRESS_FILE
+from client.process.run_end import PROGRESS_FILE
 from common import processes
-from server.admin import unregister_site_main
+from server.deploy.admin import unregister_site_main
 from tests.fakes import (
     fedclient_cmd,
     fedserver_cmd,

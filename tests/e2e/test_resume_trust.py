@@ -17,7 +17,7 @@ import pytest
 
 from common import processes
 from common.config.compose import compose_experiment
-from server.admin import certs_main
+from server.deploy.admin import certs_main
 from tests.fakes import TLS_TINY
 from tests.procutil import processes_mentioning, run_to_end
 
@@ -75,7 +75,7 @@ def test_a_crafted_run_folder_chooses_neither_the_code_nor_the_transport(tmp_pat
     cmd = [
         sys.executable,
         "-m",
-        "server.main",
+        "server.deploy.fedserver",
         f"resume={run_dir}",
         f"superlink.address={address}",
         f"superlink.ca_cert={tls / 'ca.crt'}",

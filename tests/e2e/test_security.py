@@ -20,7 +20,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 def test_keygen_through_the_fedclient_entry_point(tmp_path):
     r = subprocess.run(
-        [sys.executable, "-m", "client.main", "keygen", "--site", "dukemtmc", "--out", str(tmp_path)],
+        [sys.executable, "-m", "client.deploy.fedclient", "keygen", "--site", "dukemtmc", "--out", str(tmp_path)],
         check=False,
         cwd=REPO,
         capture_output=True,
@@ -35,7 +35,7 @@ def test_keygen_through_the_fedclient_entry_point(tmp_path):
 def test_fedserver_without_tls_or_insecure_refuses_to_start(tmp_path):
     # model.pretrained=none: the paper preset's ImageNet weights are checked first (none here)
     r = subprocess.run(
-        [sys.executable, "-m", "server.main", f"run_dir={tmp_path / 'run'}", "model.pretrained=none"],
+        [sys.executable, "-m", "server.deploy.fedserver", f"run_dir={tmp_path / 'run'}", "model.pretrained=none"],
         cwd=REPO,
         check=False,
         capture_output=True,
@@ -55,7 +55,7 @@ def test_fedserver_plain_text_warns(tmp_path):
         [
             sys.executable,
             "-m",
-            "server.main",
+            "server.deploy.fedserver",
             "experiment=demo",
             f"run_dir={tmp_path / 'run'}",
             "superlink.insecure=true",

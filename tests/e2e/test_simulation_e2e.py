@@ -43,7 +43,7 @@ def run_fedsim(args: list[str], tmp_path: Path, timeout_s: float) -> str:
     for k, v in RAY_ENV.items():
         os.environ.setdefault(k, v)
     code, output = run_to_end(
-        [sys.executable, "-m", "server.sim", *args], cwd=REPO, marker=str(tmp_path), timeout_s=timeout_s
+        [sys.executable, "-m", "server.demos.fedsim", *args], cwd=REPO, marker=str(tmp_path), timeout_s=timeout_s
     )
     assert code == 0, output[-4000:]
     return output
@@ -74,7 +74,7 @@ def assert_run_outputs(out: Path, rounds: int) -> list[dict]:
 def test_six_virtual_reid_sites_two_rounds(tmp_path):
     out = tmp_path / "run"
     # privacy.beta > 0: every site receives its own noised copy (Eq. 15), six different arrays in
-    # flight at once through the simulation's array exchange (server/array_exchange_grid.py)
+    # flight at once through the simulation's array exchange (server/flower/array_exchange_grid.py)
     args = ["--out", str(out), "--sites", "6", *SIM, *TINY_REID, "--timeout", "700", "rounds=2", "privacy.beta=0.001"]
     output = run_fedsim(args, tmp_path, timeout_s=800)
     rows = assert_run_outputs(out, 2)

@@ -34,7 +34,7 @@ from common import processes
 from common.checkpoint import torch_load
 from common.instruction_signature import sign_message
 from common.params import raw_bytes
-from server.checkpoint import load_server_checkpoint
+from server.run.checkpoint import load_server_checkpoint
 from tests.fakes import fedclient_cmd, fedserver_cmd, make_federation, start, stop_all, wait_registered
 
 pytestmark = pytest.mark.e2e

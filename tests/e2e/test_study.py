@@ -7,7 +7,7 @@ import textwrap
 
 import numpy as np
 
-from server.study import main
+from server.studies.fedstudy import main
 
 
 def test_a_tiny_real_study_on_the_simulation_engine(tmp_path):
@@ -25,7 +25,7 @@ def test_a_tiny_real_study_on_the_simulation_engine(tmp_path):
     (tmp_path / "s.yaml").write_text(
         textwrap.dedent(f"""
         name: tiny
-        command: [-m, server.sim]
+        command: [-m, server.demos.fedsim]
         args: [--engine, simulation, --sites, a, b, --data-dir, "{{data}}", --world, fashion-mnist,
                --world-root, {src}, --per-class, "8", --queries-per-class, "4", --gallery-per-class, "8"]
         overrides: [rounds=1, train.max_steps_per_epoch=1, train.batch_size=4, model.height=32, model.width=16,

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from common import processes, security
-from server.admin import list_sites_main, register_site_main
+from server.deploy.admin import list_sites_main, register_site_main
 from tests.fakes import (
     assert_no_secrets,
     fedclient_cmd,

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from common.privacy import add_white_noise
-from server.aggregate import average, sample_sites
+from server.strategy.aggregate import average, sample_sites
 
 
 def test_uniform_mean_matches_hand_computation():
@@ -111,7 +111,7 @@ def _model_like_update(seed: int) -> list[np.ndarray]:
 
 
 def test_update_norm_is_bit_identical_to_the_float64_difference_formula():
-    from server.aggregate import update_norm
+    from server.strategy.aggregate import update_norm
 
     u, r = _model_like_update(1), _model_like_update(2)
     total = 0.0  # the plain formula: the float64 difference of each floating array, its squares summed
@@ -132,7 +132,7 @@ def _diffs(u, r):
 
 _NORM_IN_A_FRESH_PROCESS = """
 import numpy as np
-from server.aggregate import update_norm
+from server.strategy.aggregate import update_norm
 rng = np.random.default_rng(0)
 u = [rng.standard_normal(2_000_000).astype(np.float32), rng.standard_normal((300, 301)).astype(np.float32)]
 r = [rng.standard_normal(2_000_000).astype(np.float32), rng.standard_normal((300, 301)).astype(np.float32)]
@@ -181,7 +181,7 @@ def test_mean_is_bit_identical_to_the_weighted_float64_sum():
 
 @pytest.mark.parametrize("threads", [1, 3])
 def test_blocked_average_on_threads_is_the_plain_float64_sum_in_site_order(monkeypatch, threads):
-    import server.aggregate as ag
+    import server.strategy.aggregate as ag
 
     monkeypatch.setattr(ag, "BLOCK", 7)  # arrays over several blocks, the last one partial
     rng = np.random.default_rng(4)
@@ -212,7 +212,7 @@ def test_blocked_average_on_threads_is_the_plain_float64_sum_in_site_order(monke
 
 
 def test_thread_map_keeps_the_order_and_raises_the_first_error():
-    from server.thread_map import coordinator_threads, thread_map
+    from server.strategy.thread_map import coordinator_threads, thread_map
 
     assert thread_map(lambda x: x * x, range(50), 4) == [x * x for x in range(50)]
     assert thread_map(str, [], 4) == [] and 1 <= coordinator_threads() <= 8

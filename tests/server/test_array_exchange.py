@@ -16,7 +16,7 @@ from flwr.common import Array, ArrayRecord, ConfigRecord, Context, Message, Mess
 from flwr.server import Grid
 from flwr.supercore.task_identity import TaskIdentity
 
-from client.array_exchange_mod import array_exchange_mod
+from client.flower.array_exchange_mod import array_exchange_mod
 from common.array_exchange import (
     FOLDER_KEY,
     FREE_PREFIX,
@@ -28,7 +28,7 @@ from common.array_exchange import (
     from_refs,
     to_refs,
 )
-from server.array_exchange_grid import ArrayExchangeGrid
+from server.flower.array_exchange_grid import ArrayExchangeGrid
 
 
 @pytest.fixture(autouse=True)

@@ -16,7 +16,7 @@ from common.config.modes import MODES, label_offsets
 from common.models.builder import expected_manifest, model_for
 from common.params import get_shared
 from server.fedreid.fedavg_strategy import FedAvgStrategy
-from server.strategy_settings import StrategySettings
+from server.strategy.settings import StrategySettings
 from tests.fakes import fit_config, make_client, manager_of, packed, tiny_config, write_tiny_site
 
 SITES = ["market1501", "dukemtmc"]
@@ -85,8 +85,8 @@ def test_fedavg_refuses_a_head_with_logits_that_belong_to_no_identity():
 
 
 def test_fedsim_sizes_the_fedavg_head_from_the_census_of_the_sites_data(two_sites, tmp_path):
-    from server.launch import LocalSite
-    from server.sim import server_overrides
+    from server.demos.fedsim import server_overrides
+    from server.deploy.local_federation import LocalSite
 
     sites = [LocalSite(s, "market1501", two_sites[s], tmp_path / s) for s in SITES]
     # each site was written with 4 training identities (the fixture): 4 + 4 logits

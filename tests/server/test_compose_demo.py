@@ -1,4 +1,4 @@
-"""server/compose_demo.py: the result line of `make compose-demo` and the preset it runs.
+"""server/demos/compose_demo.py: the result line of `make compose-demo` and the preset it runs.
 
 The docker-marked tests/e2e/test_docker_compose.py runs the whole target; here the line is checked
 on hand-made metrics rows, and the `compose-demo` experiment against the demo it stands for.
@@ -12,7 +12,7 @@ import re
 import pytest
 
 from common.config.compose import REPO_ROOT, compose_experiment
-from server.compose_demo import main, result_line
+from server.demos.compose_demo import main, result_line
 
 
 def _rows() -> list[dict]:

@@ -1,4 +1,4 @@
-"""Client-level DP in the strategy (server/dp.py): clipping by hand, the fixed denominator, Flower's
+"""Client-level DP in the strategy (server/strategy/dp.py): clipping by hand, the fixed denominator, Flower's
 wrapper as the reference, noise statistics, epsilon in the round record, resume, max_epsilon."""
 
 import json
@@ -11,12 +11,12 @@ from flwr.server.strategy import DifferentialPrivacyServerSideFixedClipping, Fed
 from common.dp_accountant import epsilon_spent
 from common.params import Manifest
 from common.seeding import seed_everything
-from server.dp import DPSettings, add_dp_noise, dp_scales, dp_settings
 from server.fedfr.strategy import FedFRStrategy
-from server.reporting import RoundReporter
-from server.run_setup import last_round, run_components
-from server.strategy import FedReIDStrategy
-from server.strategy_settings import StrategySettings
+from server.run.reporting import RoundReporter
+from server.run.setup import last_round, run_components
+from server.strategy.base import FedReIDStrategy
+from server.strategy.dp import DPSettings, add_dp_noise, dp_scales, dp_settings
+from server.strategy.settings import StrategySettings
 from tests.fakes import MAN, STRATEGY_SITES, fit_res, manager_of, named_results, packed, tiny_config, unpacked
 
 

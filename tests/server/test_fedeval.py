@@ -14,7 +14,7 @@ from common.evaluation.features import extract_features
 from common.evaluation.reid import distance_matrix, evaluate_rank
 from common.models.builder import expected_manifest, model_for
 from common.params import get_shared
-from server import fedeval
+from server.studies import fedeval
 from tests.fakes import tiny_config
 
 

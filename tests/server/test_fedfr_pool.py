@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from server.fedfr.demo import parse_args, pool_face_sites
+from server.demos.fedfr_demo import parse_args, pool_face_sites
 
 
 def _site(root, ids, images=2):
@@ -37,7 +37,7 @@ def test_pooling_refuses_an_identity_in_two_sites_and_needs_the_simulation_engin
 
 
 def test_the_pooled_model_is_scored_on_every_sites_own_protocol(tmp_path):
-    from server.fedfr.demo import _scored_on_sites
+    from server.demos.fedfr_demo import _scored_on_sites
 
     a, overrides = parse_args(["--pool-sites", "--engine", "simulation", "--sites", "2", "rounds=1"])
     roots = {

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from common.config.compose import compose_experiment
-from server.fedfr import demo
+from server.demos import fedfr_demo as demo
 from server.fedfr.pretrain_cache import pretrain_key
 
 

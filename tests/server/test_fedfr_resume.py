@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 
 from common.models.fedfr import expected_fedfr_manifest
-from server.checkpoint import CHECKPOINT, ServerCheckpoint, save_server_checkpoint
+from server.deploy.resume import resume_config
 from server.fedfr.components import build_components
 from server.fedfr.pretrain import pretrain_main
-from server.resume import resume_config
+from server.run.checkpoint import CHECKPOINT, ServerCheckpoint, save_server_checkpoint
 from tests.fakes import FEDFR_PUBLIC, fedfr_arrays, tiny_fedfr_config, unpacked
 
 

@@ -9,7 +9,7 @@ import pytest
 from flwr.common import Code, EvaluateRes, Parameters, Status
 
 from server.fedfr.site_evaluation import SITE_EVAL_FILE, SiteEvaluation, evaluation_round
-from server.metrics_log import MetricsLog
+from server.run.metrics_log import MetricsLog
 from tests.fakes import tiny_fedfr_config, tiny_world
 
 

@@ -6,8 +6,8 @@ from flwr.common import Code, FitRes, Status, ndarrays_to_parameters
 
 from common.params import Manifest, to_wire
 from server.fedfr.strategy import FedFRStrategy
-from server.strategy import FedReIDStrategy
-from server.strategy_settings import StrategySettings
+from server.strategy.base import FedReIDStrategy
+from server.strategy.settings import StrategySettings
 from tests.fakes import named_results, unpacked
 
 MAN = Manifest(keys=("backbone.fc.weight", "public_proxies"), shapes=((2, 3), (4, 3)), dtypes=("float32", "float32"))

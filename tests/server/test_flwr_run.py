@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from client.virtual_site import virtual_node_config
+from client.flower.virtual_site import virtual_node_config
 from common.config.experiment import ExperimentConfig
 from common.config.flwr_run import DATA_DIR_KEY, OVERRIDES_KEY, compose_flwr_run, site_view_json
 from common.config.run import ENV, EXPERIMENT_KEY, RUN_CONFIG_KEY, site_run_config, write_serverapp_config
-from server import flwr_run
+from server.flower import flwr_run
 from tests.fakes import tiny_config
 
 REPO = Path(__file__).resolve().parents[2]
@@ -73,7 +73,7 @@ def test_a_virtual_clientapp_composes_the_servers_site_view(tmp_path, monkeypatc
     view = json.loads(site_view_json(rc))
     cfg = compose_flwr_run(rc)
     assert view == json.loads(json.dumps(cfg.site_view()))
-    site = ExperimentConfig.from_json(site_view_json(rc))  # what client/virtual_site.py parses
+    site = ExperimentConfig.from_json(site_view_json(rc))  # what client/flower/virtual_site.py parses
     assert site.rounds == 2 and site.engine.sites["msmt17"].data_root == str(tmp_path / "w" / "msmt17")
     assert "run_dir" not in view and "targets" not in view["eval"]  # coordinator paths stay out
 
@@ -117,7 +117,7 @@ def test_a_wrong_run_config_is_one_line(keys, line):
 
 
 def test_the_demo_world_is_fedsims_and_in_the_composed_folders(tmp_path, monkeypatch):
-    from server.fedreid import demo
+    from server.demos import fedreid_demo as demo
 
     written = []
     monkeypatch.setattr(demo, "_write_once", lambda root, params, write: written.append(root) or root)

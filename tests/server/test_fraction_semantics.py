@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from common.seeding import stable_seed
-from server.strategy import FedReIDStrategy
-from server.strategy_settings import StrategySettings
+from server.strategy.base import FedReIDStrategy
+from server.strategy.settings import StrategySettings
 from tests.fakes import MAN, arrays, fit_res, manager_of, packed, unpacked
 
 SITES = ["cuhk03", "dukemtmc", "market1501", "msmt17", "viper"]

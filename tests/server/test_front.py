@@ -1,4 +1,4 @@
-"""Which addresses get the nginx front, and fedserver's one-line refusals (server/front.py). The
+"""Which addresses get the nginx front, and fedserver's one-line refusals (server/deploy/front.py). The
 front itself, run by nginx: tests/server/test_nginx_front.py and tests/e2e/test_public_front.py."""
 
 from __future__ import annotations
@@ -12,8 +12,9 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from common.config.compose import compose_experiment
-from server import front, main
-from server.admin import certs_main
+from server.deploy import fedserver as main
+from server.deploy import front
+from server.deploy.admin import certs_main
 
 
 def cfg_at(address: str, *extra: str):

@@ -14,9 +14,9 @@ from scipy import stats
 
 from common.params import Manifest
 from server.fedfr.strategy import FedFRStrategy
-from server.replies import ReplyError, check_metrics, decode_arrays
-from server.strategy import FedReIDStrategy
-from server.strategy_settings import StrategySettings
+from server.strategy.base import FedReIDStrategy
+from server.strategy.replies import ReplyError, check_metrics, decode_arrays
+from server.strategy.settings import StrategySettings
 from tests.fakes import fit_res, named_results, packed, unpacked
 
 MAN = Manifest(keys=("embedding.w", "embedding.b"), shapes=((4, 5), (5,)), dtypes=("float32", "float32"))
@@ -256,7 +256,7 @@ def test_the_coordinator_encodes_byte_for_byte_as_flower_and_the_sites_read_it()
     from flwr.common import ndarrays_to_parameters
 
     from common.params import from_wire, to_wire
-    from server.replies import encode_arrays
+    from server.strategy.replies import encode_arrays
 
     a = arrays(0.3, seed=4)
     mine = encode_arrays(MAN, a)
@@ -270,7 +270,7 @@ def test_the_coordinator_encodes_byte_for_byte_as_flower_and_the_sites_read_it()
 
 def test_server_noise_drawn_array_by_array_equals_one_draw_over_the_list():
     from common.privacy import add_white_noise
-    from server.aggregate import average
+    from server.strategy.aggregate import average
 
     ups = [arrays(1.0, seed=i) for i in range(3)]
     s = strategy(beta=0.05, seed=9, norm_bound=0)

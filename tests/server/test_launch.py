@@ -1,4 +1,4 @@
-"""The launcher (server/launch.py): the fedclient command of a site, the simulation overrides, and
+"""The launcher (server/deploy/local_federation.py): the fedclient command of a site, the simulation overrides, and
 that every process it starts is gone after a run, whether the run ends, times out or is stopped."""
 
 from __future__ import annotations
@@ -12,8 +12,15 @@ from pathlib import Path
 import pytest
 
 from common import processes
-from server import launch
-from server.launch import Launcher, LocalSite, exit_on_sigterm, fedclient_cmd, run_federation, simulation_overrides
+from server.deploy import local_federation as launch
+from server.deploy.local_federation import (
+    Launcher,
+    LocalSite,
+    exit_on_sigterm,
+    fedclient_cmd,
+    run_federation,
+    simulation_overrides,
+)
 
 
 def _fake_python(tmp_path: Path, body: str) -> Path:
@@ -41,7 +48,7 @@ def test_fedclient_cmd_names_the_sites_data_state_and_the_runs_batch_size(monkey
     monkeypatch.setattr(launch.processes, "free_port", lambda: 5555)
     site = LocalSite("face1", "face_site", Path("/d/face1"), Path("/s/face1"), public_root=Path("/pub"))
     cmd = fedclient_cmd(site, "127.0.0.1:9092", batch_size=8, extra=["--fault", "nan"])
-    assert cmd[:3] == [sys.executable, "-m", "client.main"]
+    assert cmd[:3] == [sys.executable, "-m", "client.deploy.fedclient"]
     assert cmd[3:] == [
         "--site", "face1", "--superlink", "127.0.0.1:9092", "--insecure",
         "--data-root", "/d/face1", "--reader", "face_site", "--public-root", "/pub",
@@ -118,8 +125,8 @@ def test_sigterm_raises_systemexit_143_and_the_previous_handler_comes_back():
 
 
 def test_split_overrides_keeps_an_option_of_several_words_from_swallowing_overrides():
-    from server.launch import split_overrides
-    from server.sim import parse_args
+    from server.demos.fedsim import parse_args
+    from server.deploy.local_federation import split_overrides
 
     assert split_overrides(["--sites", "20", "seed=1", "--out", "o", "rounds=2"]) == (
         ["--sites", "20", "--out", "o"],

@@ -10,7 +10,7 @@ from flwr.common.constant import FLWR_PRIVATE_MAX_ARRAY_CHUNK_SIZE
 from flwr.superlink.routers.fleet.router import router
 from flwr.supernode import fleet_http_client
 
-from server.nginx_config import (
+from server.deploy.nginx_config import (
     DOCKER_FRONT,
     FLEET_CALLS,
     FLEET_PREFIX,

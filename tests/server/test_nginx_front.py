@@ -1,4 +1,4 @@
-"""The front's nginx configuration (server/nginx_config.py) run by a real nginx in front of a
+"""The front's nginx configuration (server/deploy/nginx_config.py) run by a real nginx in front of a
 recording upstream: what passes, what is refused before the upstream sees a byte, and the limits.
 The configuration as text, and compose's copy of it: tests/server/test_nginx_config.py."""
 
@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from common import processes
-from server.admin import certs_main
-from server.front import front_tls, nginx_binary, start_front
-from server.nginx_config import FLEET_CALLS, FLEET_PREFIX, FrontLimits, FrontSpec, render
+from server.deploy.admin import certs_main
+from server.deploy.front import front_tls, nginx_binary, start_front
+from server.deploy.nginx_config import FLEET_CALLS, FLEET_PREFIX, FrontLimits, FrontSpec, render
 from tests import rawhttp
 
 pytestmark = pytest.mark.skipif(

@@ -12,8 +12,8 @@ from common.models.builder import expected_manifest, model_for
 from common.models.fedfr import expected_fedfr_manifest
 from common.params import get_shared, set_shared
 from common.privacy import add_white_noise
-from server.strategy import FedReIDStrategy
-from server.strategy_settings import StrategySettings
+from server.strategy.base import FedReIDStrategy
+from server.strategy.settings import StrategySettings
 from tests.fakes import fit_res, manager_of, named_results, tiny_config, unpacked
 
 BETA = 0.01

@@ -17,10 +17,10 @@ import pytest
 from common.config.experiment import ExperimentConfig
 from common.config.run import ENV, serverapp_config, site_config, site_run_config, write_serverapp_config
 from common.seeding import stable_seed
-from server.checkpoint import CHECKPOINT, load_server_checkpoint
-from server.reporting import RoundReporter
-from server.strategy import FedReIDStrategy, RoundRecord
-from server.strategy_settings import run_noise_secret, settings_from_config
+from server.run.checkpoint import CHECKPOINT, load_server_checkpoint
+from server.run.reporting import RoundReporter
+from server.strategy.base import FedReIDStrategy, RoundRecord
+from server.strategy.settings import run_noise_secret, settings_from_config
 from tests.fakes import MAN, arrays, fit_res, manager_of, named_results, packed, tiny_config, unpacked
 
 BETA = 0.1
@@ -162,7 +162,7 @@ def test_the_site_view_names_none_of_the_coordinators_fedfr_folders():
 
 
 def test_virtual_sites_read_the_coordinators_public_data_unless_given_their_own(tmp_path):
-    from server.simulation import fill_virtual_sites
+    from server.deploy.simulation_engine import fill_virtual_sites
 
     sites = {
         "face1": {"reader": "face_site", "data_root": str(tmp_path / "f1"), "state_dir": str(tmp_path / "s1")},
@@ -199,8 +199,8 @@ def test_the_serverapp_reads_the_whole_config_and_checks_the_run(tmp_path):
 
 def test_the_site_view_keeps_what_the_simulation_engines_virtual_sites_need():
     # engine=simulation: the virtual sites (Ray workers on the coordinator's machine) take their
-    # reader, data root and state folder from the run config (client/virtual_site.py)
-    from client.virtual_site import virtual_node_config
+    # reader, data root and state folder from the run config (client/flower/virtual_site.py)
+    from client.flower.virtual_site import virtual_node_config
 
     sites = {
         "market1501": {"reader": "market1501", "data_root": "/d/m", "state_dir": "/s/m"},

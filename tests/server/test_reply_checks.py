@@ -1,17 +1,17 @@
-"""Replies checked as they arrive (server/reply_checks.py): the same drops, errors, norms and model as
+"""Replies checked as they arrive (server/strategy/reply_checks.py): the same drops, errors, norms and model as
 replies checked after the last one, and the finite check of one pass equals the plain one."""
 
 import numpy as np
 import pytest
 from flwr.server.client_manager import SimpleClientManager
 
-import server.strategy as strategy_module
+import server.strategy.base as strategy_module
 from common.params import Manifest
-from server.aggregate import norm_of, squared_distances, update_norm
-from server.replies import ReplyError, decode_arrays
-from server.reply_checks import ArrivalProxy, CheckedReplies, check_reply
-from server.strategy import FedReIDStrategy
-from server.strategy_settings import StrategySettings
+from server.strategy.aggregate import norm_of, squared_distances, update_norm
+from server.strategy.base import FedReIDStrategy
+from server.strategy.replies import ReplyError, decode_arrays
+from server.strategy.reply_checks import ArrivalProxy, CheckedReplies, check_reply
+from server.strategy.settings import StrategySettings
 from tests.fakes import FakeProxy, fit_res, packed, unpacked
 
 MAN = Manifest(keys=("w", "steps", "stats"), shapes=((4, 5), (1,), (3,)), dtypes=("float32", "int64", "float64"))

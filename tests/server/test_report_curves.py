@@ -4,7 +4,7 @@ import warnings
 
 from PIL import Image
 
-from server.metrics_log import MetricsLog
+from server.run.metrics_log import MetricsLog
 
 
 def _plot(tmp_path, rows):

@@ -13,8 +13,8 @@ import common.checkpoint as ckpt_mod
 from client.fedreid.state import FEDREID_STATE, FedReIDSiteState
 from common.checkpoint import save_global_checkpoint, torch_load
 from common.config.compose import REPO_ROOT
-from server.aggregate import average
-from server.checkpoint import (
+from server.deploy.resume import COMMAND_LINE_ONLY, announce_resume, resume_config
+from server.run.checkpoint import (
     CHECKPOINT,
     ServerCheckpoint,
     capture_rng,
@@ -22,9 +22,9 @@ from server.checkpoint import (
     restore_rng,
     save_server_checkpoint,
 )
-from server.resume import COMMAND_LINE_ONLY, announce_resume, resume_config
-from server.strategy import FedReIDStrategy
-from server.strategy_settings import StrategySettings
+from server.strategy.aggregate import average
+from server.strategy.base import FedReIDStrategy
+from server.strategy.settings import StrategySettings
 from tests.fakes import MAN, arrays, manager, named_results, packed, res, tiny_config, unpacked
 
 
@@ -295,7 +295,7 @@ def test_a_crash_between_the_two_site_writes_leaves_the_previous_state(tmp_path)
 
 
 def test_a_new_run_moves_an_earlier_runs_outputs_to_previous(tmp_path, capsys):
-    from server.resume import RUN_OUTPUTS, retire_previous_run
+    from server.run.folder import RUN_OUTPUTS, retire_previous_run
 
     assert retire_previous_run(tmp_path) is None  # an empty folder: nothing to move
     (tmp_path / "previous").mkdir()

@@ -10,9 +10,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from server.checkpoint import CHECKPOINT, load_server_checkpoint
-from server.reporting import RoundReporter
-from server.strategy import RoundRecord
+from server.run.checkpoint import CHECKPOINT, load_server_checkpoint
+from server.run.reporting import RoundReporter
+from server.strategy.base import RoundRecord
 from tests.fakes import MAN, arrays, tiny_config
 
 

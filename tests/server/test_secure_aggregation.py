@@ -21,14 +21,14 @@ from flwr.common import bytes_to_ndarray, parameters_to_ndarrays
 from flwr.server import Grid, LegacyContext, ServerConfig
 from flwr.server.client_manager import SimpleClientManager
 
-from client.secagg_flower import SECAGG_RECORD
-from client.secure_aggregation_mod import secure_aggregation_mod, secure_update_mod
+from client.flower.secagg_flower import SECAGG_RECORD
+from client.flower.secure_aggregation_mod import secure_aggregation_mod, secure_update_mod
 from common.params import from_wire, to_wire
-from server.aggregate import capped_weights
 from server.fedfr.strategy import FedFRStrategy
-from server.secure_aggregation import SecAggSettings
-from server.strategy import FedReIDStrategy
-from server.strategy_settings import StrategySettings
+from server.strategy.aggregate import capped_weights
+from server.strategy.base import FedReIDStrategy
+from server.strategy.secure_aggregation import SecAggSettings
+from server.strategy.settings import StrategySettings
 from tests.fakes import MAN, STRATEGY_SITES, fit_res, manager_of, named_results, unpacked
 
 R, Q = 8.0, 2**22

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from common.config.compose import compose_experiment
-from server.secure_aggregation import describe, secagg_settings
+from server.strategy.secure_aggregation import describe, secagg_settings
 from tests.test_cli_errors import USAGE, _run
 
 

@@ -14,11 +14,11 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 
-from client.keygen import keygen_main
+from client.deploy.keygen import keygen_main
 from common import security
 from common.config.compose import compose_experiment
-from server.admin import certs_main, register_site_keys, register_site_main, site_key_files
-from server.main import build_superlink_cmd
+from server.deploy.admin import certs_main, register_site_keys, register_site_main, site_key_files
+from server.deploy.fedserver import build_superlink_cmd
 
 
 def _scalar_hex(key_file: Path) -> str:

@@ -10,7 +10,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, Metadata, RecordDict
 
 from common.instruction_signature import NOT_RESUMED, verify_message
-from server.signing_grid import SigningGrid
+from server.flower.signing_grid import SigningGrid
 
 KEY = Ed25519PrivateKey.generate()
 

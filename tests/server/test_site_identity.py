@@ -6,12 +6,12 @@ import logging
 import numpy as np
 import pytest
 
-from client.main import main as fedclient_main
-from client.site_settings import site_settings
+from client.deploy.fedclient import main as fedclient_main
+from client.runtime.settings import site_settings
 from common.config.site import load_site
-from server.sites import SiteRoster, load_site_nodes, write_site_nodes
-from server.strategy import FedReIDStrategy
-from server.strategy_settings import StrategySettings
+from server.strategy.base import FedReIDStrategy
+from server.strategy.settings import StrategySettings
+from server.strategy.sites import SiteRoster, load_site_nodes, write_site_nodes
 from tests.fakes import MAN, FakeProxy, arrays, fit_res, manager_of, packed, tiny_config
 
 SITES = ["cuhk03", "dukemtmc", "market1501", "msmt17"]

@@ -1,4 +1,4 @@
-"""A site reports only the metric keys its task declares (server/site_metrics.py): a flood of keys
+"""A site reports only the metric keys its task declares (server/strategy/site_metrics.py): a flood of keys
 is dropped on arrival, with one log line naming the site, and never reaches metrics.json, the
 history or the checkpoint; the tasks' real keys all pass."""
 
@@ -9,13 +9,13 @@ import json
 import numpy as np
 import pytest
 
-from server.checkpoint import CHECKPOINT, load_server_checkpoint
 from server.fedfr.strategy import FedFRStrategy
-from server.replies import ReplyError
-from server.reporting import RoundReporter
-from server.site_metrics import FEDFR_SITE_METRICS, FEDREID_SITE_METRICS, SiteMetrics
-from server.strategy import FedReIDStrategy
-from server.strategy_settings import StrategySettings
+from server.run.checkpoint import CHECKPOINT, load_server_checkpoint
+from server.run.reporting import RoundReporter
+from server.strategy.base import FedReIDStrategy
+from server.strategy.replies import ReplyError
+from server.strategy.settings import StrategySettings
+from server.strategy.site_metrics import FEDFR_SITE_METRICS, FEDREID_SITE_METRICS, SiteMetrics
 from tests.fakes import MAN, arrays, fit_res, named_results, tiny_config, unpacked
 
 FLOOD = 50_000

@@ -10,8 +10,8 @@ import torch
 
 from common.models.pretrained import init_embedding
 from common.models.reid import build_model
+from server.demos.fedreid_demo import TARGETS
 from server.fedreid import source_pretrain as sp
-from server.fedreid.demo import TARGETS
 from server.fedreid.source_pretrain import SourcePretraining, cached_pretraining, pretrain_key
 
 TINY = SourcePretraining(
@@ -63,7 +63,7 @@ def test_an_interrupted_training_leaves_no_weights(tmp_path):
 
 
 def test_the_source_world_meets_no_site_and_no_target_seed():
-    site_domains = {10 + i for i in range(200)}  # server/fedreid/demo.py write_data: 10+i, 1000+i
+    site_domains = {10 + i for i in range(200)}  # server/demos/fedreid_demo.py write_data: 10+i, 1000+i
     site_identities = {1000 + i for i in range(200)}
     target_domains = {seed for _, seed in TARGETS.values()}
     target_identities = {2000 + s for s in target_domains}

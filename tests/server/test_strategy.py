@@ -5,8 +5,8 @@ import pytest
 from flwr.common import ndarrays_to_parameters
 
 from common.params import Manifest, packed_nbytes, raw_bytes
-from server.strategy import FedReIDStrategy
-from server.strategy_settings import StrategySettings
+from server.strategy.base import FedReIDStrategy
+from server.strategy.settings import StrategySettings
 from tests.fakes import MAN, STRATEGY_SITES, arrays, fit_res, manager, named_results, packed, res, unpacked
 
 

@@ -7,9 +7,9 @@ from dataclasses import fields
 
 import pytest
 
-from server.checkpoint import ServerCheckpoint
-from server.strategy import FedReIDStrategy
-from server.strategy_settings import StrategySettings, settings_from_config
+from server.run.checkpoint import ServerCheckpoint
+from server.strategy.base import FedReIDStrategy
+from server.strategy.settings import StrategySettings, settings_from_config
 from tests.fakes import MAN, arrays, tiny_config
 
 SITES = ["cuhk03", "dukemtmc", "market1501", "msmt17"]

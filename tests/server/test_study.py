@@ -8,9 +8,9 @@ import textwrap
 import numpy as np
 import pytest
 
-from server.reporting import summarize_sites
-from server.study import load_study, main, run_command
-from server.study_results import final_metrics, flatten, markdown_table, summarize
+from server.run.reporting import summarize_sites
+from server.studies.fedstudy import load_study, main, run_command
+from server.studies.results import final_metrics, flatten, markdown_table, summarize
 
 # a stand-in for fedsim: writes metrics.json rows (round 0..R) from its overrides, then status.json
 FAKE_RUN = textwrap.dedent("""
@@ -186,7 +186,7 @@ scales:
 
 
 def test_the_pretrained_start_is_made_once_and_given_to_every_run(tmp_path, monkeypatch, capsys):
-    import server.study as study_mod
+    import server.studies.fedstudy as study_mod
 
     path = _study(tmp_path, seeds=(0, 1))
     path.write_text(
@@ -281,7 +281,7 @@ def test_a_run_that_fails_once_is_run_again_from_nothing_and_counted(tmp_path, c
 
 
 def test_time_left_counts_only_the_runs_this_sitting_ran(tmp_path, monkeypatch):
-    import server.study as study_mod
+    import server.studies.fedstudy as study_mod
 
     assert study_mod.minutes_left(600.0, 2, 5) == pytest.approx(300.0 / 60 * 3)  # 5 min a run, 3 to go
     assert study_mod.minutes_left(600.0, 4, 4) == 0.0

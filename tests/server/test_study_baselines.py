@@ -11,7 +11,7 @@ from PIL import Image
 from common.config.experiment import ExperimentConfig
 from common.datasets import build_reader, transforms
 from common.datasets.synthetic import write_market_layout
-from server.study_baselines import raw_pixel_metrics, round0_metrics
+from server.studies.baselines import raw_pixel_metrics, round0_metrics
 
 
 def _brute_force_r1(root) -> float:

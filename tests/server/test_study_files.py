@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from server.study import STUDY_DIR, load_study, run_command
+from server.studies.fedstudy import STUDY_DIR, load_study, run_command
 
 STUDIES = sorted(p.stem for p in STUDY_DIR.glob("*.yaml"))
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from common.datasets import build_reader
-from server.fedreid.demo import target_domains, write_data
-from server.study_stats import rate_standard_error
+from server.demos.fedreid_demo import target_domains, write_data
+from server.studies.stats import rate_standard_error
 
 
 def test_target_domains_extend_the_two_demo_targets():

@@ -1,10 +1,10 @@
-"""server/study_stats.py against hand computations."""
+"""server/studies/stats.py against hand computations."""
 
 import math
 
 import pytest
 
-from server.study_stats import (
+from server.studies.stats import (
     HOLDS,
     NOT_RESOLVED,
     REVERSED,

@@ -8,8 +8,8 @@ import math
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from server.metrics_log import MetricsLog
-from server.tensorboard_log import FOLDER, rebuild, scalars
+from server.run.metrics_log import MetricsLog
+from server.run.tensorboard_log import FOLDER, rebuild, scalars
 
 ROWS = [
     {"round": 0, "mean/R1": 0.25, "mean/mAP": 0.125, "embedding_init": "random"},

@@ -1,0 +1,1 @@
+"""The site operator's tools: fedclient, key generation, the coordinator wait, site keys."""

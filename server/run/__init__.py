@@ -1,0 +1,1 @@
+"""A run's bookkeeping: checkpoints, per-round reporting, metrics and TensorBoard logs, run setup."""

@@ -1,0 +1,1 @@
+"""Research tooling: fedstudy (variants x seeds, claims, tables) and fedeval."""

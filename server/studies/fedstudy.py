@@ -1,0 +1,335 @@
+"""``fedstudy NAME``: run a named study (variants x seeds), then tables and plots of mean ± std.
+
+A study is a YAML file under ``conf/study/`` (or a path)::
+
+    name: fedreid-ablation
+    description: ...
+    command: [-m, server.demos.fedsim]            # run with this Python; one run = one call
+    args: [--engine, simulation, ...]    # arguments every run gets (before the variant's)
+    overrides: [rounds=6, ...]           # Hydra overrides every run gets
+    world: {...}                         # the synthetic world's parameters, fixed before any run
+    seeds: [0, 1, 2]
+    metrics: [mean/R1, mean/mAP]         # table columns: each run's final value
+    variants:
+      fedreid: {}
+      fedavg: {overrides: [strategy=fedavg]}
+    tradeoffs:                           # optional: metric against a number each variant stands for
+      - {name: beta, x_label: beta, log_x: true, metrics: [mean/R1], points: {beta0: 0, beta1e-3: 0.001}}
+    claims:                              # the papers' claims: a paired difference, its CI, a verdict
+      - {claim: ..., source: Table 2, metric: mean/R1, a: fedreid, b: fedavg, direction: greater}
+    plateau: {metric: mean/R1, k: 3, se: 0.015}   # the rounds-to-plateau rule (server/studies/claims.py)
+    pretrain: {backbone: resnet10, ...}  # optional: the pretrained start, {pretrained} in args/overrides
+    scales:                              # optional: fedstudy NAME scale=paper
+      paper: {overrides: [...], seeds: [...]}
+
+Every run goes to ``<out>/runs/<variant>/seed<k>/`` with ``--out`` that folder, the variant's
+``args`` and ``seed=<k>`` then the overrides; a run whose folder holds ``status.json`` with
+``"status": "completed"`` and whose command exited 0 (``study_run.json``) is skipped, so an
+interrupted study resumes where it stopped. Data the
+runs share (the synthetic world) is written once to ``<out>/data`` (``{data}`` in args and
+overrides), and the pretrained start (server/fedreid/source_pretrain.py) is trained once into
+``<out>/data/pretrained`` (``pretrain_cache``) and reused (``{pretrained}``). Then
+``results.{json,csv,md}`` and plots are written to ``<out>`` (server/studies/results.py).
+``scale=paper`` takes the study's ``scales.paper`` entry: its args and overrides are added, any
+other key replaced, and the runs go to ``runs/study/<name>-paper``.
+
+    fedstudy fedreid-ablation [--out runs/study/fedreid-ablation] [--only VARIANT,...] [key=value ...]
+
+``key=value`` overrides the study file itself (OmegaConf dot-list), e.g. ``seeds=[0]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+from omegaconf import OmegaConf
+
+from common import processes
+from common.checkpoint import atomic_json_save
+from common.config.compose import REPO_ROOT, conf_dir
+from server.fedreid.source_pretrain import SourcePretraining, cached_pretraining
+from server.studies.baselines import baseline_runs, check_baselines
+from server.studies.claims import check_claims
+from server.studies.results import curve, final_metrics, write_results
+
+STUDY_DIR = REPO_ROOT / "conf" / "study"
+REQUIRED = ("name", "command", "seeds", "metrics", "variants")
+RUN_RECORD = "study_run.json"  # written by fedstudy when a run's command exited 0
+# a failed run is run once more from nothing before the study stops: a run is seeded (the same
+# data, initial model and batch order), and one lost process should not stop a study of hours
+RETRIES = 1
+
+
+def load_study(name_or_path: str, overrides: list[str] | None = None) -> dict:
+    """The study config as plain data: ``conf/study/<name>.yaml`` or a path, with dot-list overrides."""
+    path = Path(name_or_path)
+    if not path.is_file():
+        path = STUDY_DIR / f"{name_or_path}.yaml"
+    if not path.is_file():
+        known = sorted(p.stem for p in STUDY_DIR.glob("*.yaml"))
+        raise SystemExit(f"fedstudy: no study {name_or_path!r}; expected a file or one of {known}")
+    cfg = OmegaConf.merge(OmegaConf.load(path), OmegaConf.from_dotlist(overrides or []))
+    study = OmegaConf.to_container(cfg, resolve=True)
+    missing = [k for k in REQUIRED if k not in study]
+    if missing:
+        raise SystemExit(f"fedstudy: {path} lacks {missing}; a study names {list(REQUIRED)}")
+    if not study["variants"]:
+        raise SystemExit(f"fedstudy: {path} lists no variants")
+    study = apply_scale(study, str(study.pop("scale", "") or ""), path)
+    study.setdefault("args", [])
+    study.setdefault("overrides", [])
+    study["variants"] = {str(v): (spec or {}) for v, spec in study["variants"].items()}
+    if study.get("pretrain") is not None:
+        try:
+            SourcePretraining.from_dict(study["pretrain"])
+        except (TypeError, ValueError) as e:
+            raise SystemExit(f"fedstudy: {path} pretrain: {e}") from None
+    check_baselines(study)
+    check_claims(study)  # a claim naming an unknown variant or metric is refused before any run
+    return study
+
+
+def apply_scale(study: dict, scale: str, path: Path) -> dict:
+    """The study at ``scale`` (``scale=paper``): the entry of its ``scales`` adds its ``args`` and
+    ``overrides`` to the study's (an override of a key the study sets replaces the study's), each
+    variant's to the variant's, and replaces any other key (seeds, pretrain, ...); the name gets
+    the scale, so its runs go to their own folder."""
+    scales = study.pop("scales", None) or {}
+    if not scale:
+        return study
+    if scale not in scales:
+        raise SystemExit(f"fedstudy: {path} has no scale {scale!r}; expected one of {sorted(scales)}")
+    spec = dict(scales[scale] or {})
+    out = {**study, "name": f"{study['name']}-{scale}", "scale": scale}
+    out["args"] = [*study.get("args", []), *spec.pop("args", [])]  # argparse: the last value wins
+    scale_overrides = [str(o) for o in spec.pop("overrides", [])]
+    replaced = {_key(o) for o in scale_overrides}  # the scale's value of a key replaces the study's
+    out["overrides"] = [o for o in study.get("overrides", []) if _key(str(o)) not in replaced] + scale_overrides
+    for variant, extra in (spec.pop("variants", None) or {}).items():
+        if variant not in study["variants"]:
+            raise SystemExit(
+                f"fedstudy: {path} scale {scale!r} names variant {variant!r}; the study has {list(study['variants'])}"
+            )
+        base = dict(study["variants"][variant] or {})
+        for key in ("args", "overrides"):
+            base[key] = [*base.get(key, []), *(extra or {}).get(key, [])]
+        out["variants"] = {**out["variants"], variant: base}
+    return out | spec
+
+
+def _key(override: str) -> str:
+    return override.split("=", 1)[0].lstrip("+~")
+
+
+def fill(text: str, values: dict[str, str]) -> str:
+    """``{data}``, ``{out}``, ``{seed}``, ``{pretrained}`` in an argument or override replaced by their
+    values; any other brace (a Hydra dict) is left as it is."""
+    for key, value in values.items():
+        text = text.replace("{" + key + "}", value)
+    return text
+
+
+def run_command(
+    study: dict, variant: str, seed: int, run_dir: Path, data_dir: Path, pretrained: Path | None = None
+) -> list[str]:
+    """The command line of one run (this interpreter, the study's command, its args, the variant's)."""
+    spec = study["variants"][variant]
+    values = {"data": str(data_dir), "out": str(run_dir), "seed": str(seed)}
+    if pretrained is not None:
+        values["pretrained"] = str(pretrained)
+    args = [fill(str(a), values) for a in [*study["args"], *spec.get("args", [])]]
+    overrides = [fill(str(o), values) for o in [*study["overrides"], *spec.get("overrides", [])]]
+    if any("{pretrained}" in x for x in [*args, *overrides]):
+        raise SystemExit("fedstudy: the study uses {pretrained} but has no pretrain: section to make it")
+    return [
+        sys.executable,
+        *map(str, study["command"]),
+        "--out",
+        str(run_dir),
+        *args,
+        f"seed={seed}",
+        *overrides,
+    ]
+
+
+def pretrained_start(study: dict, out: Path) -> Path | None:
+    """The study's pretrained start (``pretrain:`` in the study file): trained once on the synthetic
+    source world, kept by its parameters' hash (server/fedreid/source_pretrain.py); None without one."""
+    if study.get("pretrain") is None:
+        return None
+    cache = Path(fill(str(study.get("pretrain_cache", "{data}/pretrained")), {"data": str(out / "data")}))
+    t0 = time.time()
+    print(f"fedstudy: pretrained start (cache {cache})", flush=True)
+    path = cached_pretraining(
+        SourcePretraining.from_dict(study["pretrain"]), cache, study.get("pretrain_device", "cpu")
+    )
+    print(f"fedstudy: pretrained start {path} ({time.time() - t0:.0f}s)", flush=True)
+    return path
+
+
+def completed(run_dir: Path) -> bool:
+    """The run finished: its server wrote a completed status.json and its whole command (a FedFR
+    run evaluates after its last round) exited 0, which fedstudy records in study_run.json."""
+    try:
+        status = json.loads((run_dir / "status.json").read_text()).get("status")
+        return status == "completed" and json.loads((run_dir / RUN_RECORD).read_text()).get("exit") == 0
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def set_aside(run_dir: Path) -> Path:
+    """Move an unfinished or failed run's folder to ``<run>.failed`` (for its logs; an older one there
+    goes), so that the run starts again from nothing."""
+    failed = run_dir.with_name(f"{run_dir.name}.failed")
+    shutil.rmtree(failed, ignore_errors=True)
+    run_dir.rename(failed)
+    return failed
+
+
+def run_once(cmd: list[str], run_dir: Path, timeout_s: float) -> tuple[int | str, float]:
+    """Run one (variant, seed) command in ``run_dir``: (its exit code or 'timeout', seconds); the exit
+    code 0 is recorded in the run's RUN_RECORD."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / RUN_RECORD).unlink(missing_ok=True)
+    t0 = time.time()
+    proc = processes.start(cmd, processes.tool_env(), log_path=run_dir / "study_run.log", cwd=REPO_ROOT)
+    try:
+        code = proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        code = "timeout"
+    finally:
+        processes.stop(proc, grace_s=30)  # the run's own processes too (its process group)
+    took = time.time() - t0
+    if code == 0:
+        atomic_json_save({"exit": 0, "seconds": round(took, 1), "command": cmd}, run_dir / RUN_RECORD)
+    return code, took
+
+
+def minutes_left(elapsed_s: float, ran: int, to_run: int) -> float:
+    """Minutes the study's remaining runs should take at the pace of the ``ran`` runs this sitting ran
+    (of ``to_run``); runs completed before a resume take no time and do not count."""
+    return elapsed_s / ran * (to_run - ran) / 60
+
+
+def run_study(study: dict, out: Path, *, only: list[str] | None = None, timeout_s: float = 7200) -> dict:
+    """Run every (variant, seed) not yet completed, then write the results; returns the summary."""
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_json_save(study, out / "study.json")  # what was run, world parameters included
+    variants = [v for v in study["variants"] if not only or v in only]
+    unknown = sorted(set(only or []) - set(study["variants"]))
+    if unknown:
+        raise SystemExit(f"fedstudy: unknown variant(s) {unknown}; the study has {list(study['variants'])}")
+    # seed-major: an interrupted study still holds every variant for its first seeds (paired claims)
+    jobs = [(v, int(s)) for s in study["seeds"] for v in variants]
+    pretrained = pretrained_start(study, out)
+    to_run = sum(not completed(out / "runs" / v / f"seed{s}") for v, s in jobs)
+    t_study, ran = time.time(), 0
+    for i, (variant, seed) in enumerate(jobs, 1):
+        run_dir = out / "runs" / variant / f"seed{seed}"
+        if completed(run_dir):
+            print(f"fedstudy [{i}/{len(jobs)}] {variant} seed {seed}: done before, skipped", flush=True)
+            continue
+        cmd = run_command(study, variant, seed, run_dir, out / "data", pretrained)
+        if run_dir.exists():  # left unfinished by an interrupted study: its sites' state must not carry over
+            print(f"fedstudy: {variant} seed {seed}: unfinished run kept as {set_aside(run_dir)}", flush=True)
+        print(f"fedstudy [{i}/{len(jobs)}] {variant} seed {seed}: running ({run_dir})", flush=True)
+        for attempt in range(RETRIES + 1):
+            code, took = run_once(cmd, run_dir, timeout_s)
+            if code == 0 and completed(run_dir):
+                break
+            if attempt == RETRIES:
+                raise SystemExit(
+                    f"fedstudy: {variant} seed {seed} failed (exit {code}) after {took:.0f}s; "
+                    f"see {run_dir / 'study_run.log'}; re-running the study runs it again"
+                )
+            print(
+                f"fedstudy: {variant} seed {seed} failed (exit {code}) after {took:.0f}s; its folder is kept "
+                f"as {set_aside(run_dir)}; running it again",
+                flush=True,
+            )
+        ran += 1
+        left = minutes_left(time.time() - t_study, ran, to_run)
+        print(
+            f"fedstudy [{i}/{len(jobs)}] {variant} seed {seed}: {took:.0f}s (about {left:.0f} min left)",
+            flush=True,
+        )
+    return collect(study, out, variants)
+
+
+def collect(study: dict, out: Path, variants: list[str]) -> dict:
+    """Read the finished runs and write results.{json,csv,md} and the plots."""
+    per_run: dict = {}
+    curves: dict = {m: {} for m in study.get("curve_metrics", study["metrics"])}
+    for variant in variants:
+        for seed in study["seeds"]:
+            run_dir = out / "runs" / variant / f"seed{int(seed)}"
+            if not completed(run_dir):
+                continue
+            per_run.setdefault(variant, {})[int(seed)] = final_metrics(run_dir, study["metrics"])
+            for m, per_variant in curves.items():
+                per_variant.setdefault(variant, []).append(curve(run_dir, m))
+    first = next(iter(study["variants"]))
+    done = {int(s): out / "runs" / first / f"seed{int(s)}" for s in study["seeds"]}
+    done = {s: d for s, d in done.items() if completed(d)}
+    per_run |= baseline_runs(study, done, study["metrics"])  # round 0, raw pixels: per seed
+    return write_results(out, study, per_run, curves)
+
+
+def studies_listing() -> str:
+    """The studies of conf/study/ with their descriptions' first line, for --help."""
+    lines = ["studies (conf/study/):"]
+    for path in sorted((conf_dir() / "study").glob("*.yaml")):
+        text = " ".join(str((yaml.safe_load(path.read_text()) or {}).get("description", "")).split())
+        first = text.split(". ")[0].split(": ")[0]
+        lines.append(f"  {path.stem:<22} {first[:90]}")
+    return "\n".join(lines)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="fedstudy",
+        description=__doc__,
+        epilog=studies_listing(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("study", help="a name under conf/study/ or a path to a study YAML file")
+    p.add_argument("--out", default=None, help="study folder (default runs/study/<name>)")
+    p.add_argument(
+        "--only",
+        action="extend",
+        type=lambda text: [v for v in text.split(",") if v],
+        default=None,
+        help="run only these variants, comma-separated (--only fedreid,fedavg); key=value overrides stay separate",
+    )
+    p.add_argument("--timeout", type=float, default=7200, help="seconds one run may take")
+    p.add_argument("--tables-only", action="store_true", help="do not run anything: rebuild tables and plots")
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = parser()
+    a, overrides = p.parse_known_args(argv)
+    logging.basicConfig(level=logging.INFO, format="fedstudy: %(message)s")  # the pretraining's epochs
+    study = load_study(a.study, overrides)
+    out = Path(a.out or Path("runs") / "study" / study["name"]).resolve()  # scale=paper: <name>-paper
+    t0 = time.time()
+    if a.tables_only:
+        collect(study, out, list(study["variants"]))
+    else:
+        run_study(study, out, only=a.only, timeout_s=a.timeout)
+    print((out / "results.md").read_text())
+    print(f"fedstudy: {time.time() - t0:.0f}s; results in {out} (results.md, results.csv, results.json, *.png)")
+
+
+if __name__ == "__main__":
+    from common.cli_errors import run_cli
+
+    run_cli("fedstudy", main)
