@@ -30,7 +30,7 @@ import time
 
 from client.channel import ChannelError, ForeignPeerError, check_peer, listen, recv_frame, send_frame
 from client.tasks import build_site
-from common.config.experiment import ExperimentConfig
+from common.config.run import received_experiment
 from common.logs import setup_logging
 
 log = logging.getLogger("fedclient")
@@ -48,7 +48,7 @@ class SiteHost:
         if self.site is None or experiment != self.experiment:
             if self.site is not None:
                 _close(self.site)
-            self.site = build_site(ExperimentConfig.from_json(experiment), self.node)
+            self.site = build_site(received_experiment(experiment), self.node)
             self.experiment = experiment
         return self.site
 
