@@ -11,7 +11,7 @@ and the Strategy see exactly what they see on a deployment.
 
 A Ray worker serves many messages of many virtual sites for one run (Flower sends a message to
 whichever worker is free). :class:`VirtualSites` keeps, per worker process, what does not change
-during a run: the experiment parsed once per run config (``ExperimentConfig.from_json``, tens of
+during a run: the experiment parsed once per run config (``received_experiment``, tens of
 ms), and each virtual site's ``NumPyClient`` (its data index, manifest and settings: what a
 site process keeps for a deployment site, ``client/process/site_process.py``), keyed by the site's whole
 node config. Nothing of a round is kept: a virtual site is built without ``hold-state``, so its
@@ -25,6 +25,7 @@ from collections.abc import Callable
 from typing import Any
 
 from common.config.experiment import ExperimentConfig
+from common.config.run import received_experiment
 from common.config.site import SiteConfig
 
 # flwr.common.constant.PARTITION_ID_KEY / NUM_PARTITIONS_KEY (kept literal: this module must not
@@ -82,7 +83,7 @@ class VirtualSites:
     def __init__(
         self,
         build: Callable[[ExperimentConfig, dict[str, str]], Any],
-        parse: Callable[[str], ExperimentConfig] = ExperimentConfig.from_json,
+        parse: Callable[[str], ExperimentConfig] = received_experiment,
     ) -> None:
         self.build = build
         self.parse = parse

@@ -31,7 +31,7 @@ import time
 from client.process.channel import ChannelError, ForeignPeerError, check_peer, listen, recv_frame, send_frame
 from client.process.round_hooks import with_round_hooks
 from client.tasks import build_site
-from common.config.experiment import ExperimentConfig
+from common.config.run import received_experiment
 from common.logs import setup_logging
 
 log = logging.getLogger("fedclient")
@@ -49,7 +49,7 @@ class SiteHost:
         if self.site is None or experiment != self.experiment:
             if self.site is not None:
                 _close(self.site)
-            self.site = with_round_hooks(build_site(ExperimentConfig.from_json(experiment), self.node))
+            self.site = with_round_hooks(build_site(received_experiment(experiment), self.node))
             self.experiment = experiment
         return self.site
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from common.config.experiment import ExperimentConfig
-from common.config.structured import ConfigError, config_error, schema
+from common.config.structured import ConfigError, config_error, refuse_interpolations, schema
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SCHEMA = "experiment_schema"  # ConfigStore name of ExperimentConfig (conf/config.yaml's first default)
@@ -48,6 +48,7 @@ def merge_overrides(overrides: list[str] | None = None, saved: Mapping[str, Any]
     store.store(name=SCHEMA, node=ExperimentConfig)
     name, overrides = "config", list(overrides or [])
     if saved is not None:
+        refuse_interpolations(dict(saved))  # a run folder's config.json is data: never resolved here
         try:
             store.store(name=SAVED, node=OmegaConf.merge(schema(ExperimentConfig), dict(saved)))
         except OmegaConfBaseException as e:

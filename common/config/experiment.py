@@ -186,11 +186,11 @@ class SuperLinkConfig:
     # None: coordinator.key beside ca_cert (`fedserver certs` makes it); in plain text, RUN_DIR/coordinator.key
     # (made at the first start, kept for resume)
     coordinator_key: str | None = None
-    # Keep the SuperLink's state in RUN_DIR/superlink.db (SQLite) so that after a coordinator crash
-    # `fedserver resume=RUN_DIR` reopens it and running sites carry on without a restart. Off by
-    # default: SQLite also stores every parameter chunk and, on a busy machine, its write lock
-    # ("database is locked") can fail requests of large models; in memory, restart the sites' fedclient
-    # after a resume instead.
+    # Keep the SuperLink's state in RUN_DIR/superlink.db (SQLite) for the run. Every start makes it
+    # fresh, a `fedserver resume=RUN_DIR` too: a run folder's database is never reopened
+    # (docs/security.md, Resume), so restart the sites' fedclient after a resume. Off by default:
+    # SQLite also stores every parameter chunk and, on a busy machine, its write lock ("database is
+    # locked") can fail requests of large models.
     persist_state: bool = False
     startup_timeout_s: float = 60.0
     # On an `address` other machines can reach, the SuperLink listens on 127.0.0.1:`loopback_port`

@@ -27,6 +27,7 @@ from typing import Any
 from common.config.compose import compose_experiment
 from common.config.experiment import ExperimentConfig
 from common.config.run import EXPERIMENT_KEY, refusal
+from common.config.structured import refuse_interpolations
 from common.config.virtual_sites import fill_virtual_sites
 
 # EXPERIMENT_KEY (common/config/run.py): conf/experiment/<name>.yaml; "" = not a `flwr run .` composition
@@ -83,6 +84,8 @@ def compose_flwr_run(run_config: Mapping[str, Any]) -> ExperimentConfig:
     experiment = str(run_config.get(EXPERIMENT_KEY, "")).strip()
     if not experiment:
         raise ValueError(refusal())
+    # received by every virtual site: Hydra would resolve ${...} in an override on the site
+    refuse_interpolations({str(k): str(v) for k, v in run_config.items()})
     head = [f"experiment={experiment}", "engine=simulation"]
     user = user_overrides(run_config)
     # first the sites and the run folder (any site count is valid with one site to wait for)

@@ -59,11 +59,33 @@ def site_run_config(cfg: ExperimentConfig) -> dict[str, str]:
     return {RUN_CONFIG_KEY: json.dumps(cfg.site_view(), sort_keys=True)}
 
 
-def site_config(run_config: Mapping[str, Any]) -> ExperimentConfig:
-    """A ClientApp's experiment, from the run config it was given."""
+# What a site answers (through Flower, to the coordinator) when the site view it received does not
+# fit the schema: a fixed reason, never the received values nor anything of the site's environment;
+# the detail goes to the site's own log.
+RECEIVED_CONFIG_REFUSED = (
+    "the run's config does not fit this site's configuration (the site's log names the key); "
+    "no value of it is resolved or repeated here"
+)
+
+
+def received_experiment(text: str) -> ExperimentConfig:
+    """A site's experiment from the site view (JSON) another party sent: parsed to plain data and
+    checked against the schema with no interpolation (``${...}`` is refused, never resolved:
+    common/config/structured.py). Any refusal is a ValueError with :data:`RECEIVED_CONFIG_REFUSED`."""
+    import logging
+
     from common.config.experiment import ExperimentConfig
 
-    return ExperimentConfig.from_json(str(run_config.get(RUN_CONFIG_KEY, "{}")))
+    try:
+        return ExperimentConfig.from_json(text)
+    except (ValueError, TypeError) as e:  # json's, the schema's (ConfigError) and validate()'s
+        logging.getLogger("fedclient").error("refused the run's config: %s", e)
+        raise ValueError(RECEIVED_CONFIG_REFUSED) from None
+
+
+def site_config(run_config: Mapping[str, Any]) -> ExperimentConfig:
+    """A ClientApp's experiment, from the run config it was given (:func:`received_experiment`)."""
+    return received_experiment(str(run_config.get(RUN_CONFIG_KEY, "{}")))
 
 
 def serverapp_config(run_config: Mapping[str, Any], environ: Mapping[str, str] = os.environ) -> ExperimentConfig:

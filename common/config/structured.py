@@ -5,6 +5,11 @@ The dataclasses of ``common/config/`` hold every default and every type; OmegaCo
 what it can (``600`` -> ``600.0`` for a float) and refuses unknown keys and values of the wrong
 type. Its errors are re-worded here into one line naming the key, what was expected and what was
 found; range and choice checks stay in each dataclass's ``validate``.
+
+A dict given as data is never interpolated: a value (or key) holding ``${`` is refused before the
+merge, as OmegaConf would resolve it (``${oc.env:NAME}`` reads this process's environment) and a
+site would return what it read to the coordinator in its error. The refusal names the key only.
+Hydra's own composition (common/config/compose.py) resolves ``conf/`` before it gets here.
 """
 
 from __future__ import annotations
@@ -34,10 +39,26 @@ def build(cls: type[T], d: Any, key: str = "") -> T:
     """
     if isinstance(d, cls):
         return d
+    refuse_interpolations(d, key)
     try:
         return OmegaConf.to_object(OmegaConf.merge(schema(cls), d or {}))  # type: ignore[return-value]
     except OmegaConfBaseException as e:
         raise config_error(e, key) from None
+
+
+def refuse_interpolations(d: Any, key: str = "") -> None:
+    """ConfigError naming the first key of ``d`` whose value or name holds ``${`` (the value itself is
+    not in the message: it is not ours to repeat)."""
+    items = d.items() if isinstance(d, dict) else enumerate(d) if isinstance(d, list | tuple) else ()
+    for k, v in items:
+        at = f"{key}.{k}" if key else str(k)
+        if "${" in str(k) or (isinstance(v, str) and "${" in v):
+            shown = at if "${" not in str(k) else (key or "<root>")
+            raise ConfigError(
+                f"config {shown}: expected a plain value, found an OmegaConf interpolation ('${{...}}'); "
+                "a config given as data is never resolved"
+            )
+        refuse_interpolations(v, at)
 
 
 class ConfigError(ValueError):

@@ -35,7 +35,7 @@ from server.deploy import admin
 from server.deploy.front import FrontError, plan_front, start_front
 from server.deploy.nginx_config import FrontSpec
 from server.deploy.resume import announce_resume, resume_config
-from server.run.folder import SUPERLINK_DB, check_targets, start_new_run
+from server.run.folder import SUPERLINK_DB, check_targets, discard_superlink_state, start_new_run
 from server.strategy.sites import SITE_NODES, write_site_nodes
 from server.tasks import server_task
 
@@ -69,9 +69,10 @@ Resume:  fedserver resume=RUN_DIR [superlink.*=... round_timeout_s=... wait_for_
          continues a stopped or crashed run from RUN_DIR/global_latest.pt (written after every
          round) with RUN_DIR/config.json. app_dir, superlink.* and engine.ray_address are never read
          from that file: give them again (TLS files, node_auth, site_keys, address); saved values
-         that differ are named in one line and not used. Then restart every site's fedclient: the new SuperLink
-         does not know their nodes (unless superlink.persist_state=true, where sites still
-         retrying, --max-wait-time, carry on by themselves)
+         that differ are named in one line and not used. The SuperLink starts with a fresh state: a
+         superlink.db or site_nodes.json in RUN_DIR is removed, never opened (with node_auth the site
+         keys are registered again from superlink.site_keys). Then restart every site's fedclient:
+         the new SuperLink does not know their nodes
 """
 
 
@@ -250,16 +251,23 @@ def run(cfg: ExperimentConfig, *, resume: bool = False) -> int:
     if cfg.engine.name == "deployment":  # sites on other machines act only on signed instructions
         cfg.superlink.coordinator_key = str(coordinator_key(cfg, run_dir))
         link_cfg.superlink.coordinator_key = cfg.superlink.coordinator_key  # the ServerApp signs with it
-    # superlink.persist_state=true keeps the SuperLink's state (registered nodes, keys) in a file:
-    # after a coordinator crash `fedserver resume=RUN_DIR` reopens it and the sites' SuperNodes (still
-    # retrying, up to their --max-wait-time) carry on with their node ids. In memory (the default)
-    # they are refused by the new SuperLink and their fedclient must be restarted.
-    db_kept = resume and (run_dir / SUPERLINK_DB).is_file() and cfg.superlink.persist_state
+    # A run folder is data: the SuperLink state it may hold (superlink.db: runs, FABs and node keys
+    # that a SuperLink executes and trusts; site_nodes.json: which node is which site) is never
+    # reopened on resume, whoever wrote it. The SuperLink starts fresh, the site keys are registered
+    # from the operator's superlink.site_keys and site_nodes.json is written from that registration.
     if not resume:
         start_new_run(run_dir, cfg)
-    elif announce_resume(cfg):  # every round was done already
-        return 0
-    register_keys = bool(cfg.superlink.node_auth and cfg.superlink.site_keys and not db_kept)
+    else:
+        handed = discard_superlink_state(run_dir)
+        if handed:
+            print(
+                f"fedserver: resume: {', '.join(p.name for p in handed)} in {run_dir} not used (a run folder's "
+                "SuperLink state is never reopened): the SuperLink starts fresh; restart every site's fedclient",
+                flush=True,
+            )
+        if announce_resume(cfg):  # every round was done already
+            return 0
+    register_keys = bool(cfg.superlink.node_auth and cfg.superlink.site_keys)
     serve(link_cfg, engine, run_dir, register_keys=register_keys, front=front, public=cfg.superlink.address)
     return report_status(run_dir)
 
@@ -296,7 +304,7 @@ def serve(
             where = cfg.superlink.address
         print(f"fedserver: SuperLink listening on {where}; {engine.describe(cfg)}", flush=True)
         conn = write_cli_config(home / "cli", cfg)
-        if register_keys:  # a resumed SuperLink state has them
+        if register_keys:  # every start, a resume too: the SuperLink's state is always fresh
             ids = admin.register_site_keys(cfg.superlink.site_keys, home / "cli", conn)
             # the ServerApp names each node by its registered key, never by what the node claims
             write_site_nodes(run_dir / SITE_NODES, ids)
@@ -326,8 +334,8 @@ def superlink_env(cfg: ExperimentConfig, engine: Engine, run_dir: Path, flwr_hom
 def start_superlink(
     cfg: ExperimentConfig, engine: Engine, run_dir: Path, env: dict[str, str], secret: Path
 ) -> subprocess.Popen:
-    """The engine's SuperLink, its state in ``run_dir/superlink.db`` (superlink.persist_state) or in
-    memory; it starts no ServerApp itself, and hands the ServerApp's task only to a holder of ``secret``."""
+    """The engine's SuperLink, its state in ``run_dir/superlink.db`` (superlink.persist_state; made
+    fresh by every start, a resume too: ``discard_superlink_state``) or in memory; it starts no ServerApp itself, and hands the ServerApp's task only to a holder of ``secret``."""
     db_args = ["--database", str(run_dir / SUPERLINK_DB)] if cfg.superlink.persist_state else []
     cmd = engine.superlink_cmd(cfg) + db_args + superexec.isolation_args(secret)
     return processes.start(cmd, env, log_path=run_dir / "superlink.log")

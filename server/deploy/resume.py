@@ -30,10 +30,11 @@ How the sites rejoin. The SuperLink's state (registered nodes) is in memory by d
 resumed SuperLink does not know the sites' node ids, answers their SuperNodes 401, and they exit
 ("SuperNode terminated gracefully"; fedclient then exits 1, client/process/run_end.py). Restart every site's
 fedclient after a resume (by hand, or a service restart policy such as on-failure); each rejoins as a
-new node and trains from its own state folder (tests/e2e/test_resume.py). With
-``superlink.persist_state=true`` the state is kept in ``RUN_DIR/superlink.db``: SuperNodes that are
-still retrying (``fedclient --max-wait-time``, default 300 s) carry on with their node ids and need
-no restart. It is not the default because SQLite's write lock can fail requests on a busy machine. Messages of the dead run already pulled by a site may be trained once more (wasted work,
+new node and trains from its own state folder (tests/e2e/test_resume.py). A run folder's
+SuperLink state (``superlink.db``, ``site_nodes.json``) is never reopened, even with
+``superlink.persist_state=true``: a SuperLink executes the runs and trusts the node keys of its
+database, so the resumed SuperLink starts fresh and the site keys are registered again from
+``superlink.site_keys`` (server/deploy/fedserver.py ``discard_superlink_state``; docs/security.md). Messages of the dead run already pulled by a site may be trained once more (wasted work,
 at most one round: the resumed run asks for that round again).
 """
 

@@ -12,7 +12,7 @@ from server.run.checkpoint import CHECKPOINT
 from server.run.data_check import check_data_folders
 from server.strategy.sites import SITE_NODES
 
-SUPERLINK_DB = "superlink.db"  # the SuperLink's state file in the run folder (superlink.persist_state)
+SUPERLINK_DB = "superlink.db"  # the SuperLink's state file in the run folder (superlink.persist_state; never reopened)
 
 RUN_OUTPUTS = (
     "status.json",
@@ -61,8 +61,21 @@ def start_new_run(run_dir: Path, cfg: ExperimentConfig) -> None:
     """An earlier run's outputs to ``run_dir/previous/``, this run's config, a fresh SuperLink state."""
     retire_previous_run(run_dir)
     (run_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
-    for old in [*run_dir.glob(f"{SUPERLINK_DB}*"), run_dir / SITE_NODES]:
-        old.unlink(missing_ok=True)
+    discard_superlink_state(run_dir)
+
+
+def discard_superlink_state(run_dir: Path) -> list[Path]:
+    """Remove the SuperLink state files of ``run_dir`` (``superlink.db*``, ``site_nodes.json``) so
+    that the SuperLink starts fresh; the paths that were there. One line if one cannot be removed."""
+    found = [
+        p for p in [*sorted(run_dir.glob(f"{SUPERLINK_DB}*")), run_dir / SITE_NODES] if p.is_symlink() or p.exists()
+    ]
+    for path in found:
+        try:
+            path.unlink()
+        except OSError as e:
+            raise SystemExit(f"fedserver: {path}: expected a file to remove (a fresh SuperLink state), {e}") from None
+    return found
 
 
 def check_site_data(cfg: ExperimentConfig) -> None:

@@ -4,7 +4,7 @@ A study is a YAML file under ``conf/study/`` (or a path)::
 
     name: fedreid-ablation
     description: ...
-    command: [-m, server.demos.fedsim]            # run with this Python; one run = one call
+    command: [-m, server.demos.fedsim]   # one of ENTRY_POINTS, run with this Python; one run = one call
     args: [--engine, simulation, ...]    # arguments every run gets (before the variant's)
     overrides: [rounds=6, ...]           # Hydra overrides every run gets
     world: {...}                         # the synthetic world's parameters, fixed before any run
@@ -36,6 +36,10 @@ other key replaced, and the runs go to ``runs/study/<name>-paper``.
     fedstudy fedreid-ablation [--out runs/study/fedreid-ablation] [--only VARIANT,...] [key=value ...]
 
 ``key=value`` overrides the study file itself (OmegaConf dot-list), e.g. ``seeds=[0]``.
+
+A study file is configuration, never code: ``command`` names one of this project's entry points
+(:data:`ENTRY_POINTS`), and a value holding an OmegaConf interpolation (``${...}``) is refused,
+never resolved; both are checked before any run.
 """
 
 from __future__ import annotations
@@ -63,6 +67,20 @@ from server.studies.results import curve, final_metrics, write_results
 STUDY_DIR = REPO_ROOT / "conf" / "study"
 REQUIRED = ("name", "command", "seeds", "metrics", "variants")
 RUN_RECORD = "study_run.json"  # written by fedstudy when a run's command exited 0
+# The programs a study may run, by the ``command:`` of its file: this project's entry points, each
+# run as ``python -m MODULE`` with this interpreter. A study file names one ([-m, server.demos.fedsim]); a
+# `-c` string, a path, another module or an interpreter flag is refused before any run, so that
+# a study file handed over (or edited) runs nothing but these.
+ENTRY_POINTS: dict[str, tuple[str, ...]] = {
+    "server.demos.fedsim": (
+        "-m",
+        "server.demos.fedsim",
+    ),  # fedsim: the FedReID, FedFR (experiment=fedfr-demo) and FMNIST runs
+    "server.demos.fedfr_demo": (
+        "-m",
+        "server.demos.fedfr_demo",
+    ),  # the FedFR demo with real processes (make demo-fedfr)
+}
 # a failed run is run once more from nothing before the study stops: a run is seeded (the same
 # data, initial model and batch order), and one lost process should not stop a study of hours
 RETRIES = 1
@@ -77,13 +95,15 @@ def load_study(name_or_path: str, overrides: list[str] | None = None) -> dict:
         known = sorted(p.stem for p in STUDY_DIR.glob("*.yaml"))
         raise SystemExit(f"fedstudy: no study {name_or_path!r}; expected a file or one of {known}")
     cfg = OmegaConf.merge(OmegaConf.load(path), OmegaConf.from_dotlist(overrides or []))
-    study = OmegaConf.to_container(cfg, resolve=True)
+    study = OmegaConf.to_container(cfg, resolve=False)  # data: ${...} is refused below, never resolved
+    refuse_interpolations(study, path)
     missing = [k for k in REQUIRED if k not in study]
     if missing:
         raise SystemExit(f"fedstudy: {path} lacks {missing}; a study names {list(REQUIRED)}")
     if not study["variants"]:
         raise SystemExit(f"fedstudy: {path} lists no variants")
     study = apply_scale(study, str(study.pop("scale", "") or ""), path)
+    entry_point(study["command"], path)  # a scale may not bring its own command either
     study.setdefault("args", [])
     study.setdefault("overrides", [])
     study["variants"] = {str(v): (spec or {}) for v, spec in study["variants"].items()}
@@ -95,6 +115,38 @@ def load_study(name_or_path: str, overrides: list[str] | None = None) -> dict:
     check_baselines(study)
     check_claims(study)  # a claim naming an unknown variant or metric is refused before any run
     return study
+
+
+def entry_point(command: object, path: Path | str = "the study") -> tuple[str, ...]:
+    """The arguments after the interpreter for a study's ``command`` (``[-m, NAME]``, NAME one of
+    :data:`ENTRY_POINTS`); SystemExit in one line for anything else."""
+    if (
+        isinstance(command, list)
+        and len(command) == 2
+        and command[0] == "-m"
+        and isinstance(command[1], str)
+        and command[1] in ENTRY_POINTS
+    ):
+        return ENTRY_POINTS[command[1]]
+    raise SystemExit(
+        f"fedstudy: {path} command: expected [-m, NAME] with NAME one of {sorted(ENTRY_POINTS)} "
+        f"(a study file names an entry point, never code), found {command!r}"
+    )
+
+
+def refuse_interpolations(node: object, path: Path | str, where: str = "") -> None:
+    """SystemExit naming the first key whose value (or name) holds ``${``: OmegaConf would resolve it
+    (``${oc.env:HOME}`` reads the environment) here, or Hydra in the run; a study file is taken as
+    it is written."""
+    items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+    for key, value in items:
+        at = f"{where}.{key}" if where else str(key)
+        if "${" in str(key) or (isinstance(value, str) and "${" in value):
+            raise SystemExit(
+                f"fedstudy: {path} {at}: expected a plain value, found an OmegaConf interpolation ('${{...}}'): "
+                "a study file is data and is never resolved; write the value itself"
+            )
+        refuse_interpolations(value, path, at)
 
 
 def apply_scale(study: dict, scale: str, path: Path) -> dict:
@@ -151,7 +203,7 @@ def run_command(
         raise SystemExit("fedstudy: the study uses {pretrained} but has no pretrain: section to make it")
     return [
         sys.executable,
-        *map(str, study["command"]),
+        *entry_point(study["command"]),
         "--out",
         str(run_dir),
         *args,

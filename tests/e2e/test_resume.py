@@ -17,8 +17,8 @@ def test_coordinator_killed_mid_run_resumes_to_the_same_parameters(tmp_path):
     round 2 (usually before round 2 is checkpointed) and `fedserver resume=RUN_DIR` finishes it.
     With the default in-memory SuperLink state the new SuperLink does not know B's sites: their
     SuperNodes are refused and exit by themselves, and are restarted (new nodes, same state
-    folders). B ends with bit-identical global parameters to A, which ran uninterrupted.
-    (superlink.persist_state=true instead keeps the nodes: the sites carry on without a restart.)"""
+    folders). B ends with bit-identical global parameters to A, which ran uninterrupted. (A run
+    folder's SuperLink state is never reopened: superlink.persist_state=true too starts fresh.)"""
     from tests.federation import Federation
 
     sites = ["market1501", "dukemtmc"]

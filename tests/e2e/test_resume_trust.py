@@ -2,7 +2,9 @@
 how its traffic is protected (the unit checks of resume_config: tests/server/test_resume.py).
 
 The folder's config.json is crafted: its `app_dir` names a Flower app whose ServerApp writes a
-marker file when it is imported, and its `superlink.*` switch TLS off. The operator resumes with
+marker file when it is imported, and its `superlink.*` switch TLS off; it also holds a
+`superlink.db` and a `site_nodes.json` of its own, which the resumed SuperLink (with
+`superlink.persist_state=true`) must not open. The operator resumes with
 TLS on the command line. The resumed run must use this repository's app and TLS: the marker never
 appears, the SuperLink never starts in plain text, and fedserver says in one line which saved
 values it did not use."""
@@ -72,6 +74,11 @@ def test_a_crafted_run_folder_chooses_neither_the_code_nor_the_transport(tmp_pat
     saved["app_dir"] = str(evil)
     saved["superlink"] |= {"address": address, "insecure": True, "node_auth": False}
     (run_dir / "config.json").write_text(json.dumps(saved))
+    # and the sender's SuperLink state: a database (runs, FABs, node keys a SuperLink executes and
+    # trusts; here bytes that are no database, which a SuperLink opening it would die on) and node names
+    crafted_db = b"SQLite format 3\x00 the sender's runs, FABs and node keys"
+    (run_dir / "superlink.db").write_bytes(crafted_db)
+    (run_dir / "site_nodes.json").write_text(json.dumps({"666": "market1501"}))
     cmd = [
         sys.executable,
         "-m",
@@ -81,6 +88,7 @@ def test_a_crafted_run_folder_chooses_neither_the_code_nor_the_transport(tmp_pat
         f"superlink.ca_cert={tls / 'ca.crt'}",
         f"superlink.cert={tls / 'server.pem'}",
         f"superlink.key={tls / 'server.key'}",
+        "superlink.persist_state=true",  # the operator's choice: a database, but never the folder's
         "wait_for_sites_s=5",  # no site comes: the ServerApp gives up after 5 s and the run fails
     ]
     code, out = run_to_end(cmd, cwd=REPO, marker=str(tmp_path), timeout_s=360)
@@ -89,7 +97,11 @@ def test_a_crafted_run_folder_chooses_neither_the_code_nor_the_transport(tmp_pat
     assert "SuperLink listening on" in out, out[-3000:]  # it did start, with the command line's TLS
     assert "insecure" not in superlink_log.lower() and "WARNING: superlink.insecure" not in out
     report = [line for line in out.splitlines() if "not used" in line]
-    assert len(report) == 1 and "app_dir" in report[0] and "superlink.insecure" in report[0], out[-3000:]
+    assert len(report) == 2 and "app_dir" in report[0] and "superlink.insecure" in report[0], out[-3000:]
+    assert "superlink.db" in report[1] and "site_nodes.json" in report[1], out[-3000:]
+    db = run_dir / "superlink.db"  # the SuperLink's own fresh database, never the folder's
+    assert not db.exists() or crafted_db not in db.read_bytes()
+    assert not (run_dir / "site_nodes.json").exists()  # no node names but the registry's (none here)
     # this repository's ServerApp ran (submitted over TLS: `flwr run` trusts the command line's CA)
     # and set up the run before it waited for sites
     status = json.loads((run_dir / "status.json").read_text())

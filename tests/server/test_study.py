@@ -8,6 +8,7 @@ import textwrap
 import numpy as np
 import pytest
 
+import server.studies.fedstudy as study_mod
 from server.run.reporting import summarize_sites
 from server.studies.fedstudy import load_study, main, run_command
 from server.studies.results import final_metrics, flatten, markdown_table, summarize
@@ -30,6 +31,12 @@ FAKE_RUN = textwrap.dedent("""
 """)
 
 
+@pytest.fixture(autouse=True)
+def toy_runner(tmp_path, monkeypatch):
+    """The fake runner as an entry point a study file may name (``command: [-m, toy_runner]``)."""
+    monkeypatch.setitem(study_mod.ENTRY_POINTS, "toy_runner", (str(tmp_path / "fake_run.py"),))
+
+
 def _study(tmp_path, seeds=(0, 1, 2)):
     (tmp_path / "fake_run.py").write_text(FAKE_RUN)
     path = tmp_path / "toy.yaml"
@@ -37,7 +44,7 @@ def _study(tmp_path, seeds=(0, 1, 2)):
         textwrap.dedent(f"""
         name: toy
         description: two variants of a fake runner
-        command: [{tmp_path / "fake_run.py"}]
+        command: [-m, toy_runner]
         overrides: [rounds=2]
         world: {{classes: 10}}
         seeds: {list(seeds)}
@@ -243,9 +250,8 @@ def test_a_claim_may_compare_a_with_another_metric_of_b(tmp_path, capsys):
 
 def test_a_run_whose_command_failed_after_its_last_round_is_run_again(tmp_path):
     # the fake runner writes a completed status.json, then exits 1 (a FedFR evaluation that failed)
-    (tmp_path / "fail_after.py").write_text(FAKE_RUN + "\nimport sys\nif float(kv['x']) > 0.5:\n    sys.exit(1)\n")
     path = _study(tmp_path, seeds=(0,))
-    path.write_text(path.read_text().replace(str(tmp_path / "fake_run.py"), str(tmp_path / "fail_after.py")))
+    (tmp_path / "fake_run.py").write_text(FAKE_RUN + "\nimport sys\nif float(kv['x']) > 0.5:\n    sys.exit(1)\n")
     out = tmp_path / "out"
     with pytest.raises(SystemExit, match="high seed 0 failed"):
         main([str(path), "--out", str(out)])
@@ -261,9 +267,8 @@ def test_a_run_that_fails_once_is_run_again_from_nothing_and_counted(tmp_path, c
         "\nmark = out.parent.parent.parent / f'failed-{out.parent.name}-{seed}'\n"
         "if not mark.exists():\n    mark.touch(); (out / 'stray').touch(); sys.exit(3)\n"
     )
-    (tmp_path / "once.py").write_text(FAKE_RUN.replace("rows = [", once + "rows = [", 1))
     path = _study(tmp_path, seeds=(0,))
-    path.write_text(path.read_text().replace(str(tmp_path / "fake_run.py"), str(tmp_path / "once.py")))
+    (tmp_path / "fake_run.py").write_text(FAKE_RUN.replace("rows = [", once + "rows = [", 1))
     out = tmp_path / "out"
     (out / "runs" / "low" / "seed0").mkdir(parents=True)  # left unfinished by an interrupted study
     (out / "runs" / "low" / "seed0" / "old").touch()
