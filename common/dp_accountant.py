@@ -1,4 +1,4 @@
-"""Client-level differential privacy accounting: epsilon of the subsampled Gaussian mechanism.
+"""Client-level differential privacy accounting: epsilon of the (subsampled) Gaussian mechanism.
 
 The mechanism (McMahan et al. 2018, "Learning differentially private recurrent language models";
 Flower's ``DifferentialPrivacyServerSideFixedClipping``): every round a fraction q of the sites is
@@ -7,12 +7,13 @@ deviation z*C is added to their sum (z*C/n on the mean of n sites). Neighbouring
 differ by one site's whole data (add or remove one site), so epsilon bounds what the released
 models reveal about any one site, and a fortiori about any one image or identity held there.
 
-Accounting uses Google's ``dp-accounting``: the Renyi-DP accountant of the Poisson-subsampled
-Gaussian, composed over the rounds, converted to (epsilon, delta). The coordinator samples a fixed
-number ceil(S*N) of the N sites; it is accounted as Poisson sampling with the same rate
-q = ceil(S*N)/N, the usual approximation of DP-FedAvg; with q = 1 (every site, every round) the
-account is exact. Epsilon is a function of (q, z, rounds, delta) only: a resumed run recomputes it
-from the rounds done, there is no accountant state to keep.
+Accounting uses Google's ``dp-accounting``: the Renyi-DP accountant of the (optionally
+Poisson-subsampled) Gaussian mechanism, composed over the rounds, converted to (epsilon, delta).
+Amplification by subsampling (q < 1) holds only against an adversary who cannot predict the
+sample; this project draws its sample from the public seed, so the coordinator's DP accounts
+q = 1 (``server/strategy/dp.py``: ``DPSettings.accounting_rate``) and the account is exact. Epsilon is a
+function of (q, z, rounds, delta) only: a resumed run recomputes it from the rounds done, there is
+no accountant state to keep.
 """
 
 from __future__ import annotations

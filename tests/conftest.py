@@ -24,6 +24,15 @@ def face_world(tmp_path_factory) -> dict[str, Path]:
     return tiny_world(tmp_path_factory.mktemp("fedfr_world"), public=FEDFR_PUBLIC)
 
 
+@pytest.fixture(autouse=True)
+def coordinator_folder(tmp_path_factory, monkeypatch) -> Path:
+    """The default coordinator_state_dir (the runs' noise secrets, server/strategy/noise_secret.py) of the tests
+    run in this process: a temporary folder, never the developer's ~/.fedreid."""
+    folder = tmp_path_factory.getbasetemp() / "coordinator"
+    monkeypatch.setattr("server.strategy.noise_secret.DEFAULT_FOLDER", str(folder))
+    return folder
+
+
 E2E = Path(__file__).resolve().parent / "e2e"
 
 

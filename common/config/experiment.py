@@ -212,6 +212,7 @@ SITE_HIDDEN = (
     "fedfr.pretrained",
     "fedfr.ijbc_root",
     "fedfr.public_root",
+    "coordinator_state_dir",
 )
 
 
@@ -234,6 +235,9 @@ class ExperimentConfig:
     superlink: SuperLinkConfig = field(default_factory=SuperLinkConfig)
     fedfr: FedFRConfig = field(default_factory=FedFRConfig)  # task: fedfr (seed 001)
     engine: EngineConfig = field(default_factory=EngineConfig)  # deployment | simulation (Flower's runtimes)
+    # The coordinator's private folder (0700; "" = ~/.fedreid/coordinator): the runs' noise secrets,
+    # which a run folder must not hold (server/strategy/noise_secret.py). On resume it comes from the command line.
+    coordinator_state_dir: str = ""
     # Set by `fedserver resume=RUN_DIR` (server/deploy/resume.py), not by hand: the checkpoint the ServerApp
     # continues from (round k+1 onwards). Empty for a new run.
     resume_from: str = ""
@@ -258,8 +262,9 @@ class ExperimentConfig:
         own settings. No ``superlink.*`` (addresses, TLS key and certificate paths, the key registry),
         no coordinator paths (``run_dir``, ``app_dir``, ``resume_from``, ``eval.targets``,
         ``fedfr.pretrained``, ``fedfr.ijbc_root``, ``fedfr.public_root``: a site names its own copy of
-        the public data); ``from_dict`` fills them with defaults. The
-        noise secret is never part of any config (``server/app.py`` keeps it in the checkpoint).
+        the public data), no ``coordinator_state_dir``; ``from_dict`` fills them with defaults. The
+        noise secret is never part of any config (``server/strategy/noise_secret.py`` keeps it in the
+        coordinator's own folder).
         """
         d = self.to_dict()
         for key in SITE_HIDDEN:

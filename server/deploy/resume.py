@@ -24,7 +24,10 @@ to an uninterrupted run when (1) ``strategy.fraction`` is 1 and client noise is 
 0 or ``privacy.client_noise=false``): sampling and the per-site noise draws are assigned in the order
 of Flower node ids, which are new after a restart; (2) the sites train deterministically (CPU, same
 ``train.threads``); (3) each site still holds its state before round k+1 (``client/runtime/state.py`` keeps
-the previous state file for that case). Server noise (Eq. 14) is keyed by (the run's noise secret, kept in the checkpoint, round): exact.
+the previous state file for that case). Server noise (Eq. 14) and DP noise are keyed by (the run's
+noise secret, round): exact. The secret is not in the run folder: the checkpoint names the run id,
+and the secret is read from the coordinator's own folder (``server/strategy/noise_secret.py``); a checkpoint
+naming a run this coordinator did not start is refused.
 
 How the sites rejoin. The SuperLink's state (registered nodes) is in memory by default: the
 resumed SuperLink does not know the sites' node ids, answers their SuperNodes 401, and they exit
@@ -49,6 +52,7 @@ from server.run.checkpoint import CHECKPOINT, load_server_checkpoint
 from server.run.reporting import RoundReporter
 from server.run.setup import last_round
 from server.strategy.dp import dp_settings
+from server.strategy.noise_secret import run_secret
 from server.tasks import server_task
 
 # keys that may be changed on resume: where and how the processes run, not what they compute
@@ -64,12 +68,14 @@ RESUMABLE_OVERRIDES = (
     "engine.ray_address",
     "engine.ray_num_cpus",
     "engine.object_store_fraction",
+    "coordinator_state_dir",
 )
 
 
 # keys that decide which code runs and how the coordinator's traffic is protected: on resume
 # they come from the command line and the defaults, never from the run folder's config.json
-COMMAND_LINE_ONLY = ("app_dir", "superlink", "engine.ray_address")
+# (and where the run's noise secret is read from: server/strategy/noise_secret.py)
+COMMAND_LINE_ONLY = ("app_dir", "superlink", "engine.ray_address", "coordinator_state_dir")
 
 
 def resume_config(run_dir: str | Path, overrides: list[str] | None = None) -> ExperimentConfig:
@@ -115,8 +121,9 @@ def resume_config(run_dir: str | Path, overrides: list[str] | None = None) -> Ex
     server_task(cfg.task).check_resumable(cfg)
     ck = run_dir / CHECKPOINT
     cfg.resume_from = str(ck) if ck.is_file() else ""
-    if cfg.resume_from:
-        load_server_checkpoint(ck)  # refuse an unsafe or older file here, before any process starts
+    if cfg.resume_from:  # refuse an unsafe or older file, or a run this coordinator did not start,
+        # here, before any process starts
+        run_secret(cfg.coordinator_state_dir, load_server_checkpoint(ck).strategy.get("run_id"))
     return cfg
 
 

@@ -153,11 +153,13 @@ class FedReIDStrategy(FedAvg):
         self.frozen_counts: dict[str, float] = {}  # without a registry: each site's first count, kept
         self.keep_site_models = st.keep_site_models
         self.seed = st.seed
-        # Eq. (14)-(15) noise is drawn from generators keyed by this per-run secret, never by the
-        # seed: every site knows the seed (it is in the config they receive) and could regenerate
-        # and subtract the noise. The ServerApp passes the run's secret (kept in the checkpoint for
-        # an exact resume); without one, the strategy draws its own.
+        # Eq. (14)-(15) and DP noise is drawn from generators keyed by this per-run secret, never by
+        # the seed: every site knows the seed (it is in the config they receive) and could regenerate
+        # and subtract the noise. The ServerApp passes the run's secret (kept in the coordinator's own
+        # folder under run_id, server/strategy/noise_secret.py; the checkpoint names only run_id); without one,
+        # the strategy draws its own.
         self.noise_secret = st.noise_secret or secrets.token_hex(32)
+        self.run_id = st.run_id
         self.wait_for_sites_s = st.wait_for_sites_s
         self.fit_config = dict(st.fit_config)
         self.on_round_end = on_round_end
@@ -206,13 +208,14 @@ class FedReIDStrategy(FedAvg):
         """What the strategy needs, besides the global parameters, to continue a run exactly.
 
         Sampling draws from generators keyed by (seed, round), noise from generators keyed by
-        (noise secret, round): no generator state to keep, but the secret itself (it exists only
-        here and in the coordinator's checkpoint, never in a config or a message). ``local`` mode
+        (noise secret, round): no generator state to keep. The secret itself is not kept here (a run
+        folder may be handed over: whoever writes it must not choose the noise), only the run id under
+        which the coordinator's own folder holds it (``server/strategy/noise_secret.py``). ``local`` mode
         keeps each site's last embedding for the evaluation; FedFR keeps each site's frozen image count.
         """
         return {
             "seed": self.seed,
-            "noise_secret": self.noise_secret,
+            "run_id": self.run_id,
             "site_models": {s: [a.copy() for a in arrs] for s, arrs in self.site_models.items()},
             "site_counts": dict(self.frozen_counts),
             "dp": self.dp.state() if self.dp is not None else None,
@@ -221,8 +224,12 @@ class FedReIDStrategy(FedAvg):
     def restore_state(self, state: dict) -> None:
         if int(state["seed"]) != self.seed:
             raise ValueError(f"checkpoint was written with seed {state['seed']}, this run has seed {self.seed}")
-        if state.get("noise_secret"):
-            self.noise_secret = str(state["noise_secret"])  # the same noise as the run before the stop
+        # the secret is never read from the checkpoint: the settings read it by this run id
+        if str(state.get("run_id", "")) != self.run_id:
+            raise ValueError(
+                f"checkpoint of run {state.get('run_id')!r}, this strategy's noise secret is run {self.run_id!r}'s: "
+                "build the strategy's settings from the same checkpoint (settings_from_config)"
+            )
         self.site_models = {s: [np.asarray(a) for a in arrs] for s, arrs in state.get("site_models", {}).items()}
         self.frozen_counts = {str(s): float(n) for s, n in state.get("site_counts", {}).items()}
         saved, now = state.get("dp"), self.dp.state() if self.dp is not None else None

@@ -17,8 +17,18 @@ The wrapper itself cannot wrap the strategy: it reads replies as one array per p
 wire format (``common/params.py``) is one packed uint8 array. ``tests/server/test_dp_strategy.py``
 checks that with z = 0 this module's aggregate equals the wrapper's around Flower's FedAvg.
 
-Every shared floating tensor is noised, BatchNorm running statistics included (they are computed
-from the site's images); running variances are then floored at 0 (post-processing: no privacy cost).
+What is clipped and noised is ONE vector per site: its update of every shared floating tensor, the
+learnable parameters and the BatchNorm running statistics together (the running statistics are
+computed from the site's images). Its L2 norm is clipped to C as a whole, so one site changes the
+sum of the clipped updates by at most C in L2 over parameters and running statistics together: the
+sensitivity C the noise z*C is calibrated for, on every coordinate of that vector. The round is one
+Gaussian mechanism with multiplier z; running variances are floored at 0 after the noise
+(post-processing: no privacy cost). Integer buffers are never shared (``common/params.py``).
+
+No amplification by subsampling is accounted: the sites averaged in a round are drawn from the
+public ``seed`` (``FedReIDStrategy._rng``), which every site receives, so every site can predict
+which updates are in every round's average. The round's epsilon is that of the Gaussian mechanism
+with sampling rate 1, whatever ``strategy.fraction`` (``DPSettings.accounting_rate``).
 """
 
 from __future__ import annotations
@@ -46,7 +56,15 @@ class DPSettings:
 
     @property
     def sample_rate(self) -> float:
+        """ceil(S*N)/N: the fraction of the sites averaged in a round (not what is accounted)."""
         return self.sampled / self.num_sites
+
+    @property
+    def accounting_rate(self) -> float:
+        """The sampling rate the accountant uses: 1. The sample is drawn from the public seed, so it is
+        predictable to every site; amplification by subsampling needs a sample the adversary cannot
+        predict, and is not credited."""
+        return 1.0
 
     @property
     def noise_std(self) -> float:
@@ -56,7 +74,7 @@ class DPSettings:
     def epsilon(self, rounds: int) -> float:
         """Epsilon spent after ``rounds`` rounds (a function of the rounds done: a resumed run recomputes it)."""
         return epsilon_spent(
-            sample_rate=self.sample_rate, noise_multiplier=self.noise_multiplier, rounds=rounds, delta=self.delta
+            sample_rate=self.accounting_rate, noise_multiplier=self.noise_multiplier, rounds=rounds, delta=self.delta
         )
 
     def rounds_allowed(self, planned: int) -> int:
@@ -65,7 +83,7 @@ class DPSettings:
             return planned
         return rounds_within(
             self.max_epsilon,
-            sample_rate=self.sample_rate,
+            sample_rate=self.accounting_rate,
             noise_multiplier=self.noise_multiplier,
             delta=self.delta,
             planned=planned,
@@ -83,10 +101,8 @@ def dp_settings(cfg: ExperimentConfig) -> DPSettings | None:
     delta = p.delta if p.delta > 0 else default_delta(p.identities)
     sampled, num_sites = cfg.sites_per_round, len(cfg.sites)
     z = p.noise_multiplier
-    if p.target_epsilon > 0:
-        z = solve_noise_multiplier(
-            target_epsilon=p.target_epsilon, sample_rate=sampled / num_sites, rounds=cfg.rounds, delta=delta
-        )
+    if p.target_epsilon > 0:  # no amplification by subsampling (DPSettings.accounting_rate)
+        z = solve_noise_multiplier(target_epsilon=p.target_epsilon, sample_rate=1.0, rounds=cfg.rounds, delta=delta)
     return DPSettings(
         clip_norm=p.clip_norm,
         noise_multiplier=z,

@@ -8,7 +8,6 @@ its ``ExperimentConfig`` through :func:`settings_from_config`, the task adding w
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
@@ -19,6 +18,7 @@ from flwr.common import Scalar
 from common.config.experiment import SAMPLINGS, ExperimentConfig
 from server.strategy.aggregate import AGGREGATIONS, NORM_ACTIONS
 from server.strategy.dp import DPSettings, dp_settings
+from server.strategy.noise_secret import new_run_secret, run_secret
 from server.strategy.secure_aggregation import SecAggSettings, secagg_settings
 from server.strategy.site_metrics import SiteMetrics
 from server.strategy.sites import SITE_NODES, load_site_nodes
@@ -49,6 +49,9 @@ class StrategySettings:
     keep_site_models: bool = False  # each site's last embedding, for the round report (own-embedding modes)
     seed: int = 0  # seed: the sampling generators
     noise_secret: str = ""  # the key of the privacy noise ("": the strategy draws one)
+    run_id: str = (
+        ""  # names the secret in the coordinator's folder (server/strategy/noise_secret.py); in the checkpoint
+    )
     wait_for_sites_s: float = 600.0  # wait_for_sites_s: the bound on waiting for sites to connect
     fit_config: dict[str, Scalar] = field(default_factory=dict)  # extra keys of every fit instruction
     round_offset: int = 0  # rounds completed before this Flower run (resume)
@@ -74,6 +77,7 @@ def settings_from_config(cfg: ExperimentConfig, ck: ServerCheckpoint | None, **t
     rounds already done; ``task``: the fields a task sets itself (``keep_site_models``, ``fit_config``)."""
     st = cfg.strategy
     site_nodes = None
+    run_id, secret = run_noise_secret(cfg, ck)
     if cfg.superlink.node_auth:  # names come from the key registration (fedserver writes the table)
         site_nodes = partial(load_site_nodes, cfg.resolved_run_dir() / SITE_NODES)
     return StrategySettings(
@@ -93,7 +97,8 @@ def settings_from_config(cfg: ExperimentConfig, ck: ServerCheckpoint | None, **t
         client_noise=cfg.privacy.client_noise,
         seed=cfg.seed,
         wait_for_sites_s=cfg.wait_for_sites_s,
-        noise_secret=run_noise_secret(ck),
+        noise_secret=secret,
+        run_id=run_id,
         round_offset=ck.round if ck else 0,
         dp=dp_settings(cfg),
         secagg=secagg_settings(cfg),
@@ -101,10 +106,13 @@ def settings_from_config(cfg: ExperimentConfig, ck: ServerCheckpoint | None, **t
     )
 
 
-def run_noise_secret(ck: ServerCheckpoint | None) -> str:
-    """The key of the run's privacy noise (Eq. 14-15): drawn with ``secrets`` when a run starts, read
-    back from the checkpoint on resume (so the resumed run draws the same noise). It never enters
-    the config, the run config or any message: a site that knows the seed cannot regenerate the noise."""
-    if ck is not None and ck.strategy.get("noise_secret"):
-        return str(ck.strategy["noise_secret"])
-    return secrets.token_hex(32)
+def run_noise_secret(cfg: ExperimentConfig, ck: ServerCheckpoint | None) -> tuple[str, str]:
+    """(run id, key of the run's privacy noise, Eq. 14-15 and DP): drawn with ``secrets`` and written to
+    the coordinator's own folder when a run starts; on resume read back from there by the run id the
+    checkpoint names (so the resumed run draws the same noise), never from the checkpoint. It never
+    enters the config, the run config, the run folder or any message: a site that knows the seed
+    cannot regenerate the noise, and a handed run folder cannot choose it (server/strategy/noise_secret.py)."""
+    if ck is None:
+        return new_run_secret(cfg.coordinator_state_dir)
+    run_id = ck.strategy.get("run_id")
+    return str(run_id), run_secret(cfg.coordinator_state_dir, run_id)

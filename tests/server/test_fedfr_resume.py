@@ -10,6 +10,7 @@ from server.deploy.resume import resume_config
 from server.fedfr.components import build_components
 from server.fedfr.pretrain import pretrain_main
 from server.run.checkpoint import CHECKPOINT, ServerCheckpoint, save_server_checkpoint
+from server.strategy.noise_secret import new_run_secret
 from tests.fakes import FEDFR_PUBLIC, fedfr_arrays, tiny_fedfr_config, unpacked
 
 
@@ -29,7 +30,7 @@ def test_a_fedfr_run_resumes_after_its_checkpointed_round(face_world, tmp_path):
             arrays=after_round_2,
             manifest_hash=man.hash,
             config=cfg.to_dict(),
-            strategy={"seed": 3, "site_models": {}},
+            strategy={"seed": 3, "site_models": {}, "run_id": new_run_secret("")[0]},
             metrics=rows,
             elapsed_s=40.0,
         ),

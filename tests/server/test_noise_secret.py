@@ -16,8 +16,9 @@ import pytest
 
 from common.config.experiment import ExperimentConfig
 from common.config.run import ENV, serverapp_config, site_config, site_run_config, write_serverapp_config
-from common.seeding import stable_seed
-from server.run.checkpoint import CHECKPOINT, load_server_checkpoint
+from common.seeding import secret_rng, stable_seed
+from server.deploy.resume import resume_config
+from server.run.checkpoint import CHECKPOINT, load_server_checkpoint, save_server_checkpoint
 from server.run.reporting import RoundReporter
 from server.strategy.base import FedReIDStrategy, RoundRecord
 from server.strategy.settings import run_noise_secret, settings_from_config
@@ -32,6 +33,7 @@ def coordinator_config(tmp_path) -> ExperimentConfig:
         run_dir=str(tmp_path / "run"),
         rounds=2,
         privacy={"beta": BETA},
+        coordinator_state_dir=str(tmp_path / "coordinator"),
         superlink={
             "address": "10.0.0.5:9092",
             "ca_cert": "/etc/fed/ca.crt",
@@ -97,7 +99,7 @@ def test_resume_from_the_checkpoint_reproduces_the_noise_exactly(tmp_path):
     reporter(1, arrays(0.5), None, RoundRecord(1))  # the checkpoint after round 1
     reporter.flush()  # written on the reporter's writer thread
     ck = load_server_checkpoint(cfg.resolved_run_dir() / CHECKPOINT)
-    assert run_noise_secret(ck) == first.noise_secret
+    assert run_noise_secret(cfg, ck) == (first.run_id, first.noise_secret)
     resumed = build(cfg, ck)
     for rnd in (2, 3):
         _, a = what_a_site_receives(cfg, first, rnd)
@@ -119,7 +121,7 @@ def test_resume_from_the_checkpoint_reproduces_the_noise_exactly(tmp_path):
     assert unpacked(MAN, c[0][1].parameters)[0].tobytes() != unpacked(MAN, a[0][1].parameters)[0].tobytes()
 
 
-def test_only_the_coordinator_checkpoint_holds_the_secret(tmp_path):
+def test_only_the_coordinators_own_folder_holds_the_secret(tmp_path):
     cfg = coordinator_config(tmp_path)
     cfg.rounds = 1
     s = build(cfg)
@@ -128,12 +130,71 @@ def test_only_the_coordinator_checkpoint_holds_the_secret(tmp_path):
     reporter(1, arrays(0.5), None, RoundRecord(1))  # last round: also writes global_final.pt
     run_dir = cfg.resolved_run_dir()
     latest = run_dir / CHECKPOINT
-    assert (run_dir / "global_final.pt").is_file()
-    assert s.noise_secret.encode() in latest.read_bytes()
-    assert latest.stat().st_mode & 0o777 == 0o600
-    for f in run_dir.rglob("*"):
-        if f.is_file() and f != latest:
+    assert (run_dir / "global_final.pt").is_file() and latest.is_file()
+    assert load_server_checkpoint(latest).strategy["run_id"] == s.run_id
+    for f in run_dir.rglob("*"):  # the checkpoint included: a run folder may be handed over
+        if f.is_file():
             assert s.noise_secret.encode() not in f.read_bytes(), f
+    folder = tmp_path / "coordinator" / "noise"
+    kept = folder / s.run_id
+    assert kept.read_text() == s.noise_secret
+    assert kept.stat().st_mode & 0o777 == 0o600 and folder.stat().st_mode & 0o777 == 0o700
+    assert (tmp_path / "coordinator").stat().st_mode & 0o777 == 0o700
+
+
+def _checkpoint_after_round_1(cfg: ExperimentConfig) -> FedReIDStrategy:
+    first = build(cfg)
+    reporter = RoundReporter(cfg, None, list(MAN.keys), MAN.hash)
+    reporter.strategy_state = first.checkpoint_state
+    reporter(1, arrays(0.5), None, RoundRecord(1))
+    reporter.flush()
+    return first
+
+
+def _aggregate(s: FedReIDStrategy, cfg: ExperimentConfig, rnd: int) -> list[np.ndarray]:
+    replies = named_results(s, [fit_res(cfg.sites[0], arrays(1.0)), fit_res(cfg.sites[1], arrays(3.0))])
+    return unpacked(MAN, s.aggregate_fit(rnd - s.round_offset, replies, [])[0])
+
+
+def test_a_crafted_checkpoint_does_not_choose_the_resumed_noise(tmp_path):
+    # whoever can write the run folder (docs/security.md: every handed file is hostile) puts a secret
+    # of their choice into the checkpoint; if the resumed run used it, they would know every later
+    # round's noise and subtract it from the released model
+    cfg = coordinator_config(tmp_path)
+    _checkpoint_after_round_1(cfg)
+    path = cfg.resolved_run_dir() / CHECKPOINT
+    ck = load_server_checkpoint(path)
+    chosen = "ab" * 32
+    ck.strategy["noise_secret"] = chosen
+    save_server_checkpoint(path, ck)
+    crafted = load_server_checkpoint(path)
+    resumed = build(cfg, crafted)
+    assert resumed.noise_secret != chosen
+    # the noise the crafter predicts: Eq. (14) on the mean 2.0, drawn from the chosen secret
+    rng = secret_rng(chosen, 2, "server-noise")
+    predicted = [
+        2.0 + BETA * rng.standard_normal(a.shape) if noised else None for a, noised in zip(arrays(0.0), MAN.noise_mask)
+    ]
+    got = _aggregate(resumed, cfg, 2)
+    assert any(MAN.noise_mask)
+    for g, p in zip(got, predicted):
+        if p is not None:
+            assert np.abs(g - p).max() > 1e-3  # the crafter's prediction is off by the noise's scale
+
+
+def test_a_checkpoint_naming_a_run_this_coordinator_did_not_start_is_refused(tmp_path):
+    cfg = coordinator_config(tmp_path)
+    _checkpoint_after_round_1(cfg)
+    path = cfg.resolved_run_dir() / CHECKPOINT
+    ck = load_server_checkpoint(path)
+    ck.strategy["run_id"] = "0" * 32  # a folder written elsewhere, or its run id changed
+    ck.strategy["noise_secret"] = "cd" * 32
+    save_server_checkpoint(path, ck)
+    with pytest.raises(ValueError, match="did not write"):
+        settings_from_config(cfg, load_server_checkpoint(path))
+    (cfg.resolved_run_dir() / "config.json").write_text(json.dumps(cfg.to_dict()))
+    with pytest.raises(ValueError, match="did not write"):  # fedserver resume=RUN_DIR refuses it before any process
+        resume_config(cfg.resolved_run_dir(), [f"coordinator_state_dir={tmp_path / 'coordinator'}"])
 
 
 def test_the_site_view_holds_no_coordinator_setting(tmp_path):

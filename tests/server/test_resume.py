@@ -24,6 +24,7 @@ from server.run.checkpoint import (
 )
 from server.strategy.aggregate import average
 from server.strategy.base import FedReIDStrategy
+from server.strategy.noise_secret import new_run_secret
 from server.strategy.settings import StrategySettings
 from tests.fakes import MAN, arrays, manager, named_results, packed, res, tiny_config, unpacked
 
@@ -109,7 +110,7 @@ def _checkpoint(rnd: int, value: float) -> ServerCheckpoint:
         arrays=arrays(value),
         manifest_hash=MAN.hash,
         config={"rounds": 9},
-        strategy={"seed": 0, "site_models": {}},
+        strategy={"seed": 0, "site_models": {}, "run_id": new_run_secret("")[0]},  # a run this coordinator started
         rng=capture_rng(),
         metrics=[{"round": r} for r in range(rnd + 1)],
         elapsed_s=12.5,
@@ -215,7 +216,7 @@ def test_resume_takes_code_and_transport_from_the_command_line_never_from_the_ru
     bare = resume_config(tmp_path).superlink
     assert (bare.insecure, bare.node_auth, bare.site_keys, bare.ca_cert) == (False, False, None, None)
     assert saved["superlink"]["insecure"] is True  # what the file said, and was not used
-    assert {"app_dir", "superlink", "engine.ray_address"} == set(COMMAND_LINE_ONLY)
+    assert {"app_dir", "superlink", "engine.ray_address", "coordinator_state_dir"} == set(COMMAND_LINE_ONLY)
 
 
 def test_an_unchanged_run_folder_resumes_without_a_report(tmp_path, capsys):

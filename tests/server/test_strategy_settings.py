@@ -1,5 +1,6 @@
-"""StrategySettings: every field taken from its config key in one place, the resume's round and noise
-secret from the checkpoint, and a wrong choice refused with what was expected."""
+"""StrategySettings: every field taken from its config key in one place, the resume's round from the
+checkpoint and its noise secret from the coordinator's own folder, and a wrong choice refused with
+what was expected."""
 
 from __future__ import annotations
 
@@ -56,6 +57,7 @@ def test_every_setting_comes_from_its_config_key():
         keep_site_models=True,
         seed=11,
         noise_secret=s.noise_secret,  # drawn: checked below
+        run_id=s.run_id,
         wait_for_sites_s=7.0,
         fit_config={"public_hash": "ab"},
     )
@@ -67,10 +69,12 @@ def test_every_setting_comes_from_its_config_key():
     assert strategy.fraction_fit == 0.5 and strategy.min_available_clients == 3 and strategy.weighted is False
 
 
-def test_a_resumed_run_takes_the_round_and_the_noise_secret_from_the_checkpoint():
-    ck = ServerCheckpoint(round=4, keys=[], arrays=[], manifest_hash="", config={}, strategy={"noise_secret": "k" * 64})
+def test_a_resumed_run_takes_the_round_from_the_checkpoint_and_the_secret_from_the_coordinator():
+    started = settings_from_config(config(), None)
+    strategy = {"run_id": started.run_id, "noise_secret": "k" * 64}  # a secret in the file is not read
+    ck = ServerCheckpoint(round=4, keys=[], arrays=[], manifest_hash="", config={}, strategy=strategy)
     s = settings_from_config(config(), ck)
-    assert s.round_offset == 4 and s.noise_secret == "k" * 64
+    assert s.round_offset == 4 and s.run_id == started.run_id and s.noise_secret == started.noise_secret
 
 
 @pytest.mark.parametrize("wrong", [{"sampling": "all"}, {"aggregation": "mode"}, {"norm_action": "drop"}])
