@@ -20,6 +20,7 @@ from flwr.client import ClientApp
 from flwr.common import Context
 
 from client.flower.array_exchange_mod import array_exchange_mod
+from client.flower.secagg_guard_mod import secagg_guard_mod
 from client.flower.secure_aggregation_mod import secure_aggregation_mod, secure_update_mod
 from client.flower.signed_instructions_mod import signed_instructions_mod
 from client.flower.wire_client import WireClient
@@ -79,10 +80,9 @@ def client_fn(context: Context):
 
 # first the coordinator's signature on what arrived (client/flower/signed_instructions_mod.py; a no-op
 # without a coordinator key), then the simulation engine's shared-memory arrays
-# (client/flower/array_exchange_mod.py; a no-op on a deployment), then secure aggregation: Flower's SecAgg+
-# on the messages of its stages, and the site's update as the vector it masks
-# (client/flower/secure_aggregation_mod.py; both no-ops on a run without it)
-app = ClientApp(
-    client_fn=client_fn,
-    mods=[signed_instructions_mod, array_exchange_mod, secure_aggregation_mod, secure_update_mod],
-)
+# (client/flower/array_exchange_mod.py; a no-op on a deployment), then secure aggregation: the site's checks
+# of each SecAgg+ stage (client/flower/secagg_guard_mod.py; only with privacy.require_secure_aggregation),
+# Flower's SecAgg+ on the messages of its stages, and the site's update as the vector it masks
+# (client/flower/secure_aggregation_mod.py; all no-ops on a run without it)
+SITE_MODS = [signed_instructions_mod, array_exchange_mod, secagg_guard_mod, secure_aggregation_mod, secure_update_mod]
+app = ClientApp(client_fn=client_fn, mods=SITE_MODS)

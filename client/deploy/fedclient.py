@@ -40,7 +40,7 @@ from client.process.supervisor import SiteSupervisor, site_process_cmd
 from common import processes, superexec
 from common.config.compose import site_names
 from common.config.experiment import TrainConfig
-from common.config.site import SiteConfig, default_state_dir, load_site
+from common.config.site import SiteConfig, check_min_sites, default_state_dir, load_site
 from common.config.structured import ConfigError
 from common.datasets import FACE_READERS, build_reader
 from common.datasets.base import DatasetLayoutError
@@ -101,6 +101,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--site-restarts", type=int, default=5, help=hide)
     p.add_argument("--batch-size", type=int, default=None, help=hide)
     p.add_argument("--require-secure-aggregation", action="store_true", help=hide)
+    p.add_argument("--min-secure-aggregation-sites", type=int, default=None, help=hide)
     p.add_argument("--verify-images", action="store_true", help=hide)
     # fault injection for tests and benchmarks only (client/process/faults.py), e.g. --fault nan
     p.add_argument("--fault", default="", help=hide)
@@ -178,6 +179,13 @@ def site_settings(a: argparse.Namespace) -> SiteConfig:
     except ValueError as e:
         raise ConfigError(str(e)) from None
     public_root = a.public_root or site.public_root
+    minimum = (
+        site.min_secure_aggregation_sites if a.min_secure_aggregation_sites is None else a.min_secure_aggregation_sites
+    )
+    try:
+        minimum = check_min_sites(minimum)
+    except ValueError as e:
+        raise ConfigError(f"privacy.{e}") from None
     return SiteConfig(
         site=a.site,
         data_root=str(Path(a.data_root or site.data_root).expanduser().resolve()),
@@ -188,6 +196,7 @@ def site_settings(a: argparse.Namespace) -> SiteConfig:
         device=a.device,
         fault=a.fault,
         require_secure_aggregation=a.require_secure_aggregation or site.require_secure_aggregation,
+        min_secure_aggregation_sites=minimum,
     )
 
 

@@ -69,6 +69,11 @@ SITE_KEYS: tuple[SiteKey, ...] = (
         "true: refuse every fit instruction that does not come through secure aggregation (SecAgg+)",
         "on",
     ),
+    SiteKey(
+        "privacy.min_secure_aggregation_sites",
+        "--min-secure-aggregation-sites",
+        "with require_secure_aggregation: refuse a SecAgg+ round that sums fewer sites (default 3)",
+    ),
 )
 BY_KEY = {k.key: k for k in SITE_KEYS}
 TRUE, FALSE = ("true", "yes", "on", "1"), ("false", "no", "off", "0")

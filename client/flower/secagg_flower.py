@@ -2,7 +2,8 @@
 (``tests/client/test_secure_aggregation_mod.py`` pins both):
 
 - the name of the config record that carries a SecAgg+ stage (``secaggplus_mod`` fails on a train
-  message without it, so the ClientApp runs the mod only on messages that carry it);
+  message without it, so the ClientApp runs the mod only on messages that carry it), and the names of
+  the stages and of their parameters in it (``client/flower/secagg_guard_mod.py`` checks them);
 - Flower's conversion between a train message's content and its legacy ``FitIns`` / ``FitRes``, the
   form in which ``secaggplus_mod`` itself reads the reply it masks.
 """
@@ -10,10 +11,11 @@
 from __future__ import annotations
 
 from flwr.common import FitIns, FitRes, RecordDict
-from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS
+from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, Key, Stage
 from flwr.compat.common import recorddict_compat
 
 SECAGG_RECORD = RECORD_KEY_CONFIGS  # the config record of a SecAgg+ stage
+__all__ = ["SECAGG_RECORD", "Key", "Stage", "carries_secagg_stage", "fit_ins", "fit_res", "fit_res_content"]
 
 
 def carries_secagg_stage(content: RecordDict) -> bool:

@@ -27,6 +27,7 @@ YAML_KEYS = (
     "public_root",
     "impostor_roots",
     "require_secure_aggregation",
+    "min_secure_aggregation_sites",
 )  # conf/site/<name>.yaml
 REQUIRED_YAML_KEYS = ("name", "reader", "data_root")
 
@@ -60,6 +61,10 @@ class SiteConfig:
     # refuse every fit instruction that does not come through secure aggregation (SecAgg+):
     # the site's update never leaves it in the clear, whatever the coordinator runs
     require_secure_aggregation: bool = False
+    # with require_secure_aggregation: the fewest sites (this one included) whose updates a SecAgg+ round
+    # may sum; a stage that lets the coordinator see a smaller sum is refused (client/flower/secagg_guard.py).
+    # The run's own strategy.min_fit_sites raises it, never lowers it
+    min_secure_aggregation_sites: int = 3
 
     # field -> node-config key; the first five always travel, the others only when set
     NODE_KEYS = {
@@ -75,6 +80,7 @@ class SiteConfig:
         "site_socket": "site-socket",
         "coordinator_key": "coordinator-key",
         "require_secure_aggregation": "require-secure-aggregation",
+        "min_secure_aggregation_sites": "min-secure-aggregation-sites",
     }
     ALWAYS = ("site", "data_root", "reader", "state_dir", "device")
 
@@ -109,7 +115,20 @@ class SiteConfig:
         d["site"] = check_site_name(d["site"])  # it names the state folder: no path
         d["hold_state"] = d.get("hold_state", "").lower() == "true"  # set by the site process
         d["require_secure_aggregation"] = d.get("require_secure_aggregation", "").lower() == "true"
+        if "min_secure_aggregation_sites" in d:
+            d["min_secure_aggregation_sites"] = check_min_sites(d["min_secure_aggregation_sites"])
         return cls(**d)
+
+
+def check_min_sites(value: Any) -> int:
+    """``min_secure_aggregation_sites`` as a whole number >= 2 (a sum of one update is that update)."""
+    try:
+        n = int(str(value))
+    except ValueError:
+        n = 0
+    if n < 2:
+        raise ValueError(f"min_secure_aggregation_sites: expected a whole number >= 2, found {value!r}")
+    return n
 
 
 def load_site(name: str) -> SiteConfig:
@@ -133,4 +152,9 @@ def load_site(name: str) -> SiteConfig:
     if unknown:
         raise ValueError(f"{path}: unknown key(s) {unknown}; valid: {list(YAML_KEYS)}")
     d = {("site" if k == "name" else k): v for k, v in d.items()}
-    return build(SiteConfig, {k: "" if v is None else v for k, v in d.items()})
+    site = build(SiteConfig, {k: "" if v is None else v for k, v in d.items()})
+    try:
+        check_min_sites(site.min_secure_aggregation_sites)
+    except ValueError as e:
+        raise ValueError(f"{path}: {e}") from None
+    return site

@@ -39,6 +39,7 @@ def test_partition_id_maps_to_its_own_site():
         "reader": "market1501",
         "state-dir": "/state/site02",
         "device": "cpu",
+        "min-secure-aggregation-sites": "3",  # the site setting's default (common/config/site.py)
     }
     # nothing private shared: every virtual site its own data and state folder
     assert len({n["state-dir"] for n in nodes}) == 3 and len({n["data-root"] for n in nodes}) == 3

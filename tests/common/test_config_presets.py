@@ -137,6 +137,7 @@ def test_site_config_round_trips_through_flowers_node_config():
         "state-dir": "~/.fedreid/state/face1",
         "public-root": "/data/fedfr/public",
         "device": "cpu",
+        "min-secure-aggregation-sites": "3",
     }
     assert full.node_config_arg().startswith('site="face1" data-root="/data/fedfr/clients/face1" reader="face_site"')
     assert full.node_config_arg().endswith('fault="nan" hold-state="true" site-socket="/s"')
