@@ -88,12 +88,14 @@ class LoggedPopen(subprocess.Popen):
     log_filter: subprocess.Popen | None = None
     _drained = False
 
-    def _drain(self) -> None:
+    def _drain(self, deadline: float | None = None) -> None:
+        """Wait for the log filter until ``deadline`` (time.monotonic), by default ``LOG_DRAIN_S`` from now."""
         if self._drained or self.log_filter is None:
             return
         self._drained = True
+        timeout = LOG_DRAIN_S if deadline is None else max(0.0, deadline - time.monotonic())
         with contextlib.suppress(subprocess.TimeoutExpired):
-            self.log_filter.wait(timeout=LOG_DRAIN_S)
+            self.log_filter.wait(timeout=timeout)
 
     def poll(self) -> int | None:
         code = super().poll()
@@ -119,6 +121,25 @@ def stop(proc: subprocess.Popen, grace_s: float = 10.0) -> int | None:
     else:
         _signal_group(proc, signal.SIGKILL)  # stray children of a finished leader
     return proc.returncode
+
+
+def stop_many(procs: Sequence[subprocess.Popen | None], grace_s: float = 10.0) -> None:
+    """``stop`` for several processes at once: every group is sent SIGTERM first and all of them
+    share one ``grace_s``, so that N processes take one grace period to stop, not N."""
+    procs = [p for p in procs if p is not None]
+    for proc in procs:
+        _signal_group(proc, signal.SIGTERM if proc.poll() is None else signal.SIGKILL)
+    deadline = time.monotonic() + grace_s
+    for proc in procs:  # the processes themselves (Popen.wait: no log drain yet)
+        try:
+            subprocess.Popen.wait(proc, timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            _signal_group(proc, signal.SIGKILL)
+            subprocess.Popen.wait(proc, timeout=grace_s)
+    drained = time.monotonic() + LOG_DRAIN_S  # then their logs, within one drain period for all
+    for proc in procs:
+        if isinstance(proc, LoggedPopen):
+            proc._drain(drained)
 
 
 def _signal_group(proc: subprocess.Popen, sig: int) -> None:

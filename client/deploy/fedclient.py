@@ -254,9 +254,8 @@ def run_site(a: argparse.Namespace, settings: SiteConfig, home: Path) -> int:
     keepers = [k for k in (supervisor, runner) if k is not None]
 
     def stop_all(grace_s: float) -> None:
-        processes.stop(proc, grace_s=grace_s)
-        for keeper in keepers:
-            keeper.stop(grace_s=grace_s)
+        # the SuperNode, the site process and the SuperExec stop together (one grace period)
+        processes.stop_many([proc, *(keeper.proc for keeper in keepers)], grace_s=grace_s)
         secret.unlink(missing_ok=True)
 
     def forward(signum, _frame):

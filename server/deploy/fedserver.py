@@ -32,6 +32,7 @@ from common.instruction_signature import (
 )
 from common.writable import NotWritableError, check_writable
 from server.deploy import admin
+from server.deploy.app_folder import stage_app
 from server.deploy.front import FrontError, plan_front, start_front
 from server.deploy.nginx_config import FrontSpec
 from server.deploy.resume import announce_resume, resume_config
@@ -311,13 +312,8 @@ def serve(
         submit = submit_run(cfg, engine, run_dir, home / "cli", conn)
         poll_run(cfg, run_dir, submit, {"SuperLink": superlink, "SuperExec": runner})
     finally:
-        if submit is not None:
-            processes.stop(submit, grace_s=5)
-        if nginx is not None:
-            processes.stop(nginx, grace_s=5)
-        if runner is not None:
-            processes.stop(runner, grace_s=10)
-        processes.stop(superlink, grace_s=10)
+        # `flwr run`, the front, the SuperExec (with the ServerApp it started) and the SuperLink stop together
+        processes.stop_many([submit, nginx, runner, superlink], grace_s=10)
         engine.cleanup()
         secret.unlink(missing_ok=True)
 
@@ -355,11 +351,13 @@ def start_superexec(cfg: ExperimentConfig, run_dir: Path, env: dict[str, str], s
 
 
 def submit_run(cfg: ExperimentConfig, engine: Engine, run_dir: Path, cli_home: Path, conn: str) -> subprocess.Popen:
-    """``flwr run APP CONN --stream``: the run, with the experiment's site view as its run config."""
+    """``flwr run APP CONN --stream``: the run, with the experiment's site view as its run config; APP
+    is ``app_dir``'s app files staged in the run's Flower home (server/deploy/app_folder.py)."""
+    app = stage_app(cfg.app_dir, cli_home.parent / "app")
     cmd = [
         processes.executable("flwr"),
         "run",
-        cfg.app_dir,
+        str(app),
         conn,
         "--stream",
         "--run-config",
