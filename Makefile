@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.install-stamp
 
-.PHONY: install demo demo-fedfr flwr-demo test test-fast lint bench soak clean help
+.PHONY: install demo demo-fedfr flwr-demo test test-profile test-fast lint bench soak clean help
 
 help:
 	@echo "make install   create $(VENV) and install the project (torch, flwr, ...) from pyproject.toml"
@@ -12,6 +12,7 @@ help:
 	@echo "make demo-fedfr  FedFR: pretrain + federation + generic/personalised evaluation (CPU)"
 	@echo "make flwr-demo the demo through \`flwr run .\` on Flower's local simulation SuperLink (docs/cli.md#flwr-run)"
 	@echo "make test      the test suite"
+	@echo "make test-profile  the suite, its 20 slowest tests and how many federations it started"
 	@echo "make test-fast the tests without real processes (pytest -m \"not e2e\"): the fast loop"
 	@echo "make bench     benchmarks (JSON on stdout)"
 	@echo "make study-NAME  a study of conf/study/NAME.yaml (variants x seeds, tables and plots)"
@@ -37,8 +38,16 @@ flwr-demo: install
 	FLWR_LOCAL_CONTROL_API_PORT=39193 PATH="$(abspath $(BIN)):$$PATH" \
 	$(BIN)/flwr run . --stream --run-config 'experiment="demo"' --federation-config 'num-supernodes=4'
 
+# the suite on TEST_WORKERS pytest workers (pytest-xdist), a test module's tests on one worker (its
+# module-scoped federations start once); real-process tests spend much of their time waiting on
+# Flower's polling, so two workers fit two cores
+TEST_WORKERS ?= 2
 test: install
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadscope
+
+# the suite as `make test` runs it, then its 20 slowest tests and the number of federations started
+test-profile: install
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadscope --durations=20 --count-launches
 
 test-fast: install  ## everything but tests/e2e/ (real Flower processes, Ray, docker)
 	$(BIN)/python -m pytest -q -m "not e2e"

@@ -41,3 +41,44 @@ def pytest_collection_modifyitems(items):
     for item in items:
         if E2E in item.path.resolve().parents:
             item.add_marker(pytest.mark.e2e)
+
+
+# ---- `--count-launches` (make test-profile): how many federations the session started ----
+# Every federation, on either engine, has exactly one Flower SuperLink: the controller samples the
+# machine's processes twice a second and counts the distinct SuperLink processes it saw.
+LAUNCH_SAMPLE_S = 0.5
+
+
+def pytest_addoption(parser):
+    parser.addoption("--count-launches", action="store_true", help="count the SuperLinks (federations) started")
+
+
+def pytest_sessionstart(session):
+    config = session.config
+    if not config.getoption("--count-launches") or hasattr(config, "workerinput"):  # the controller only
+        return
+    import threading
+
+    import psutil
+
+    seen: set[tuple[int, float]] = set()
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.wait(LAUNCH_SAMPLE_S):
+            for p in psutil.process_iter(["pid", "cmdline", "create_time"]):
+                cmd = p.info["cmdline"] or []
+                if any(a.endswith("flower-superlink") for a in cmd[:2]):
+                    seen.add((p.info["pid"], p.info["create_time"]))
+
+    thread = threading.Thread(target=sample, daemon=True)
+    thread.start()
+    config._launches = (seen, stop, thread)
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    if hasattr(config, "_launches"):
+        seen, stop, thread = config._launches
+        stop.set()
+        thread.join()
+        terminalreporter.write_line(f"federation launches (Flower SuperLinks started): {len(seen)}")
