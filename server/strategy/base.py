@@ -435,6 +435,20 @@ class FedReIDStrategy(FedAvg):
         results: list[tuple[ClientProxy, FitRes]],
         failures: list[tuple[ClientProxy, FitRes] | BaseException],
     ) -> tuple[Parameters | None, dict[str, Scalar]]:
+        try:
+            return self._aggregate_fit(server_round, results, failures)
+        finally:
+            # Flower's legacy Server.fit keeps this round's results until the next round's fit returns:
+            # their bytes are dropped here, once aggregated, so that one round of replies is in memory
+            for _, res in results:
+                res.parameters.tensors = []
+
+    def _aggregate_fit(
+        self,
+        server_round: int,
+        results: list[tuple[ClientProxy, FitRes]],
+        failures: list[tuple[ClientProxy, FitRes] | BaseException],
+    ) -> tuple[Parameters | None, dict[str, Scalar]]:
         server_round = self.true_round(server_round)
         rec = self.records.setdefault(server_round, RoundRecord(server_round))
         rec.failures = len(failures)

@@ -275,4 +275,5 @@ def test_the_site_view_keeps_what_the_simulation_engines_virtual_sites_need():
         "reader": "dukemtmc",
         "state-dir": "/s/d",
         "device": "cpu",
+        "min-secure-aggregation-sites": "3",
     }

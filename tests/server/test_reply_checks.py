@@ -1,6 +1,8 @@
 """Replies checked as they arrive (server/strategy/reply_checks.py): the same drops, errors, norms and model as
 replies checked after the last one, and the finite check of one pass equals the plain one."""
 
+import copy
+
 import numpy as np
 import pytest
 from flwr.server.client_manager import SimpleClientManager
@@ -82,7 +84,9 @@ class Replying(FakeProxy):
 SITES = ["a", "b", "c", "d", "e"]
 
 
-def round_of(replies: dict, *, on_arrival: bool, monkeypatch, calls: list):
+def round_of(replies: dict, *, on_arrival: bool, monkeypatch, calls: list, fresh: bool = True):
+    if fresh:  # a round consumes its replies (their bytes are dropped once aggregated): on copies
+        replies = copy.deepcopy(replies)
     s = FedReIDStrategy(
         manifest=MAN,
         initial_arrays=update(0.0),
@@ -145,3 +149,15 @@ def test_a_failing_check_on_arrival_leaves_the_reply_to_aggregate_fit():
     res = fit_res("a", update(1.0))
     proxy = ArrivalProxy(Replying("3", "a", res), lambda p, r: 1 / 0)
     assert proxy.fit(None, None, None) is res
+
+
+def test_a_round_keeps_no_reply_past_its_aggregation(monkeypatch):
+    # Flower's legacy Server.fit holds a round's results until the next round's fit returns: the
+    # strategy drops each reply's bytes once aggregated (one round of replies in memory, not two)
+    replies = {site: fit_res(site, update(1.0, i)) for i, site in enumerate(SITES, start=1)}
+    expected, _ = round_of(replies, on_arrival=False, monkeypatch=monkeypatch, calls=[])
+    assert all(res.parameters.tensors for res in replies.values())  # copies were aggregated: these are whole
+    got, _ = round_of(replies, on_arrival=False, monkeypatch=monkeypatch, calls=[], fresh=False)
+    for x, y in zip(got, expected, strict=True):
+        np.testing.assert_array_equal(x, y)  # the same model from the replies themselves
+    assert all(res.parameters.tensors == [] for res in replies.values())

@@ -137,7 +137,8 @@ class Recording(FedReIDStrategy):
     """The strategy, keeping what reached aggregate_fit and what it returned."""
 
     def aggregate_fit(self, server_round, results, failures):
-        self.seen = [res for _, res in results]
+        # copies: the strategy drops the replies' bytes once it has aggregated them
+        self.seen = [copy.deepcopy(res) for _, res in results]
         self.result = super().aggregate_fit(server_round, results, failures)
         return self.result
 
