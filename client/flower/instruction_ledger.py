@@ -1,15 +1,23 @@
-"""Which train instructions a site has acted on, so that a signed but stale one cannot roll it back.
+"""Which train instructions a site has acted on, so that a signed but replayed or stale one cannot
+roll it back.
 
-A site keeps, in its state folder (``instructions.json``), the run and round of the newest train
-instruction it acted on and the runs it has moved past. :func:`stale_reason` decides whether a new
-train instruction (already verified as the coordinator's, ``common/instruction_signature.py``) may
-run:
+A site keeps, in its state folder (``instructions.json``), one entry per run it has acted on: the run
+id and the position of the newest train instruction of that run it acted on, (round, step). The step
+orders the train messages of one round: the stages of secure aggregation (key setup, key shares, the
+fit whose reply is masked, unmasking) and a plain fit, which stands where the masked fit does.
+:func:`stale_reason` decides whether a new train instruction (already verified as the coordinator's,
+``common/instruction_signature.py``) may run:
 
-- the same run: only a later round (a round again, or an older one, would roll the state back);
-- a run the site has moved past: never (a coordinator process of a dead run still sending);
-- a new run: a round after the site's, or round 1 (a run that starts afresh), or exactly the round
-  after the one the coordinator says it resumed from (``fedserver resume=``: it asks the round it
-  lost again and the site restarts it from the state that round started from, ``client/runtime/state.py``).
+- a run with an entry: only a later position (the same round and step again, or an earlier one, is a
+  replay or a rollback);
+- a run without one: a round after the round of the run the site acted on last, or round 1 (a run
+  that starts afresh), or exactly the round after the one the coordinator says it resumed from
+  (``fedserver resume=``: it asks the round it lost again and the site restarts it from the state
+  that round started from, ``client/runtime/state.py``).
+
+An instruction of one run never changes what another run may do: each run is judged against its own
+entry only, and a new run adds an entry without touching the others. The ledger keeps the
+:data:`MAX_RUNS` runs acted on most recently (a site's lifetime of runs).
 
 Pure functions over a small record; the file is written atomically (temporary file, rename).
 """
@@ -24,27 +32,38 @@ from pathlib import Path
 from common.instruction_signature import NOT_RESUMED
 
 LEDGER = "instructions.json"
-MAX_OLDER_RUNS = 256  # runs remembered as past: bounded, a site's lifetime of runs
+MAX_RUNS = 256  # runs remembered: bounded, a site's lifetime of runs
+FIT_STEP = 2  # a plain fit's place in a round: where secure aggregation's masked fit stands
+
+
+@dataclass(frozen=True)
+class Entry:
+    run_id: int
+    round: int  # the round of the newest train instruction of this run acted on
+    step: int = FIT_STEP  # its step in that round
 
 
 @dataclass(frozen=True)
 class Ledger:
-    run_id: int | None = None  # the run of the newest train instruction acted on (None: none yet)
-    round: int = 0  # its round
-    older_runs: tuple[int, ...] = ()  # runs this site has moved past
+    runs: tuple[Entry, ...] = ()  # one entry per run, the run acted on last at the end
+
+    def entry(self, run_id: int) -> Entry | None:
+        return next((e for e in self.runs if e.run_id == run_id), None)
 
 
-def stale_reason(ledger: Ledger, run_id: int, round: int, resumed_after: int) -> str | None:
-    """Why a train instruction for (``run_id``, ``round``) must not run, or None when it may."""
-    last = ledger.round
-    if ledger.run_id is None:
+def stale_reason(ledger: Ledger, run_id: int, round: int, resumed_after: int, step: int = FIT_STEP) -> str | None:
+    """Why a train instruction for (``run_id``, ``round``, ``step``) must not run, or None when it may."""
+    own = ledger.entry(run_id)
+    if own is not None:
+        if (round, step) <= (own.round, own.step):
+            return (
+                f"round {round} (step {step}) of run {run_id} is not after round {own.round} (step {own.step}), "
+                "which this site acted on already"
+            )
         return None
-    if run_id in ledger.older_runs:
-        return f"run {run_id} is an earlier run this site has moved past (it now follows run {ledger.run_id})"
-    if run_id == ledger.run_id:
-        if round <= last:
-            return f"round {round} of run {run_id} is not after round {last}, which this site trained already"
+    if not ledger.runs:
         return None
+    last = ledger.runs[-1].round  # the round of the state the site holds
     if round > last:
         return None
     if resumed_after != NOT_RESUMED:
@@ -62,12 +81,11 @@ def stale_reason(ledger: Ledger, run_id: int, round: int, resumed_after: int) ->
     )
 
 
-def advanced(ledger: Ledger, run_id: int, round: int) -> Ledger:
-    """The ledger once the train instruction (``run_id``, ``round``) is acted on."""
-    older = ledger.older_runs
-    if ledger.run_id is not None and ledger.run_id != run_id:
-        older = (*older, ledger.run_id)[-MAX_OLDER_RUNS:]
-    return Ledger(run_id, round, older)
+def advanced(ledger: Ledger, run_id: int, round: int, step: int = FIT_STEP) -> Ledger:
+    """The ledger once the train instruction (``run_id``, ``round``, ``step``) is acted on: that run's
+    entry moves to the end; every other run's entry is kept as it was."""
+    others = tuple(e for e in ledger.runs if e.run_id != run_id)
+    return Ledger((*others, Entry(run_id, round, step))[-MAX_RUNS:])
 
 
 def load_ledger(state_dir: str | Path) -> Ledger:
@@ -83,11 +101,12 @@ def load_ledger(state_dir: str | Path) -> Ledger:
             f"{path}: cannot read this site's instruction ledger ({e}); delete it to start afresh"
         ) from None
     try:
-        run_id = None if d["run"] is None else int(d["run"])
-        return Ledger(run_id, int(d["round"]), tuple(int(r) for r in d["older_runs"]))
+        if "runs" not in d and "run" in d:  # the one-run form of earlier versions: its run, at a fit
+            return Ledger(() if d["run"] is None else (Entry(int(d["run"]), int(d["round"])),))
+        return Ledger(tuple(Entry(int(r), int(n), int(s)) for r, n, s in d["runs"]))
     except (KeyError, TypeError, ValueError):
         raise ValueError(
-            f"{path}: expected {{'run', 'round', 'older_runs'}}, found {str(d)[:200]}; delete it to start afresh"
+            f"{path}: expected {{'runs': [[run, round, step], ...]}}, found {str(d)[:200]}; delete it to start afresh"
         ) from None
 
 
@@ -97,7 +116,7 @@ def save_ledger(state_dir: str | Path, ledger: Ledger) -> Path:
     tmp = path.with_name(f".{LEDGER}.{os.getpid()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
-        json.dump({"run": ledger.run_id, "round": ledger.round, "older_runs": list(ledger.older_runs)}, f)
+        json.dump({"runs": [[e.run_id, e.round, e.step] for e in ledger.runs]}, f)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)

@@ -3,10 +3,12 @@
 With the coordinator's public key in the node config (``coordinator-key``, from ``fedclient
 --coordinator-key`` or ``coordinator.pub`` beside ``--root-certificates``), every message must carry
 the coordinator's valid signature for this run and this node (``common/instruction_signature.py``),
-and a train message must not be stale for this site (``client/flower/instruction_ledger.py``, kept in the
-node config's ``state-dir``; a train message without parameters, a stage of secure aggregation, trains
-nothing and is not ordered). Anything else is answered with an error reply and one log line, before
-the ClientApp (and the site's state) sees it. A node config without the key (a virtual site of the
+and every train message, a stage of secure aggregation included, must be the next of its run for this
+site (``client/flower/instruction_ledger.py``, kept in the node config's ``state-dir``). Anything else
+is answered with an error reply and one log line, before the ClientApp (and the site's state) sees it.
+A train message that a later mod refuses before anything runs (an error reply with
+:data:`REFUSED_CODE`: the site's secure-aggregation switch and checks) leaves the ledger as it was,
+so that the coordinator may ask that round again. A node config without the key (a virtual site of the
 simulation engine, ``fedclient --insecure`` without a key) passes messages through unchecked.
 """
 
@@ -16,7 +18,8 @@ import functools
 
 from flwr.app import Context, Error, Message, MessageType
 
-from client.flower.instruction_ledger import advanced, load_ledger, save_ledger, stale_reason
+from client.flower.instruction_ledger import FIT_STEP, Ledger, advanced, load_ledger, save_ledger, stale_reason
+from client.flower.secagg_flower import SECAGG_RECORD, Key, Stage
 from common.instruction_signature import InstructionRefused, load_coordinator_public_key, verify_message
 from common.logs import setup_logging
 
@@ -29,9 +32,10 @@ def _public_key(path: str):
     return load_coordinator_public_key(path)
 
 
-def check_instruction(message: Message, context: Context) -> None:
-    """Raise :class:`InstructionRefused` unless ``message`` is the coordinator's, for this run, and fresh;
-    a fresh train instruction is recorded in the site's ledger."""
+def check_instruction(message: Message, context: Context) -> Ledger | None:
+    """Raise :class:`InstructionRefused` unless ``message`` is the coordinator's, for this run and this
+    node, and fresh; a fresh train instruction is recorded in the site's ledger, and the ledger as it was
+    before is returned (None: nothing recorded)."""
     try:
         key = _public_key(str(context.node_config[NODE_KEY]))
     except ValueError as e:
@@ -39,27 +43,40 @@ def check_instruction(message: Message, context: Context) -> None:
     ins = verify_message(message, key)
     if ins.run_id != context.run_id:
         raise InstructionRefused(f"signed for run {ins.run_id}, delivered in run {context.run_id}")
+    if ins.dst_node_id != context.node_id:
+        raise InstructionRefused(f"signed for node {ins.dst_node_id}, delivered to node {context.node_id}")
     state_dir = str(context.node_config.get("state-dir", ""))
-    # the ledger orders the instructions that train: a train message with parameters. The key exchange
-    # and unmasking stages of secure aggregation are train messages of the same round without any
-    # (client/flower/secure_aggregation_mod.py): signed and checked above, they train nothing
-    if ins.message_type != MessageType.TRAIN or not state_dir or not message.content.array_records:
-        return
+    if ins.message_type != MessageType.TRAIN or not state_dir:
+        return None
     try:
         ledger = load_ledger(state_dir)
     except ValueError as e:
         raise InstructionRefused(str(e)) from None
-    why = stale_reason(ledger, ins.run_id, ins.round, ins.resumed_after)
+    step = _step(message)
+    why = stale_reason(ledger, ins.run_id, ins.round, ins.resumed_after, step)
     if why is not None:
         raise InstructionRefused(f"stale instruction: {why}")
-    save_ledger(state_dir, advanced(ledger, ins.run_id, ins.round))
+    save_ledger(state_dir, advanced(ledger, ins.run_id, ins.round, step))
+    return ledger
+
+
+def _step(message: Message) -> int:
+    """A train message's place in its round: the index of its SecAgg+ stage (setup, share keys, the
+    masked fit, unmask), a plain fit where the masked fit stands. The stage is in the signed content."""
+    record = message.content.config_records.get(SECAGG_RECORD)
+    if record is None:
+        return FIT_STEP
+    stage = record.get(Key.STAGE)
+    if stage not in Stage.all():
+        raise InstructionRefused(f"expected a SecAgg+ stage of {list(Stage.all())}, found {stage!r}")
+    return Stage.all().index(stage)
 
 
 def signed_instructions_mod(message: Message, context: Context, call_next) -> Message:
     if not context.node_config.get(NODE_KEY):
         return call_next(message, context)
     try:
-        check_instruction(message, context)
+        before = check_instruction(message, context)
     except InstructionRefused as e:
         md = message.metadata
         setup_logging("fedclient").warning(
@@ -72,4 +89,8 @@ def signed_instructions_mod(message: Message, context: Context, call_next) -> Me
             e,
         )
         return Message(Error(code=REFUSED_CODE, reason=f"refused by the site: {e}"), reply_to=message)
-    return call_next(message, context)
+    reply = call_next(message, context)
+    if before is not None and reply.has_error() and reply.error.code == REFUSED_CODE:
+        # refused by a later mod before anything ran: the coordinator may ask this round again
+        save_ledger(str(context.node_config["state-dir"]), before)
+    return reply

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
+import os
+import pwd
 import shutil
 import subprocess
 from pathlib import Path
@@ -27,6 +29,11 @@ NGINX_PATHS = ("/usr/sbin/nginx", "/usr/local/sbin/nginx", "/usr/local/nginx/sbi
 INSTALL_HINT = "apt-get install nginx-light"
 FRONT_LOG = "front.log"  # nginx's own messages, in the run folder
 ACCESS_LOG = "front_access.log"  # one line per request to the public address
+# nginx's workers hold the TLS key in memory (the master reads it as root and forks them): they run as a
+# user and group of their own that no other process shares, never as `nobody`
+FRONT_USER = "fedreid-front"
+NOLOGIN = "/usr/sbin/nologin"
+USERADD_OPTIONS = ("--system", "--user-group", "--no-create-home", "--home-dir", "/nonexistent", "--shell", NOLOGIN)
 
 
 class FrontError(RuntimeError):
@@ -70,6 +77,7 @@ def plan_front(cfg: ExperimentConfig, folder: Path) -> tuple[ExperimentConfig, F
             f"authenticating): install nginx ({INSTALL_HINT}) and fedserver puts it in front, or set "
             "superlink.behind_proxy=true if a proxy of your own fronts this address (docs/security.md)"
         )
+    user = front_user()
     loopback = f"127.0.0.1:{sl.loopback_port or processes.free_port()}"
     folder = Path(folder).resolve()
     spec = FrontSpec(
@@ -79,9 +87,36 @@ def plan_front(cfg: ExperimentConfig, folder: Path) -> tuple[ExperimentConfig, F
         pid_file=str(folder / "nginx.pid"),
         temp_dir=str(folder),
         access_log=str(folder.parent / ACCESS_LOG),
+        user=user,
     )
     link = dataclasses.replace(cfg, superlink=dataclasses.replace(sl, address=loopback))
     return link, spec
+
+
+def front_user() -> str | None:
+    """The user (and group) nginx's workers run as: :data:`FRONT_USER` when fedserver runs as root,
+    made now when missing (a system user, no login shell, no home); None otherwise (nginx then runs its
+    workers as fedserver's own user). ``FrontError`` when it cannot be made."""
+    if os.geteuid() != 0:
+        return None
+    try:
+        pwd.getpwnam(FRONT_USER)
+        return FRONT_USER
+    except KeyError:
+        pass
+    useradd = shutil.which("useradd") or "/usr/sbin/useradd"
+    cmd = [useradd, *USERADD_OPTIONS, FRONT_USER]
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+        failed = done.returncode != 0 and (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
+    except (OSError, subprocess.TimeoutExpired) as e:
+        failed = str(e)
+    if failed:
+        raise FrontError(
+            f"cannot create the system user {FRONT_USER} that nginx's workers run as ({' '.join(cmd)}: {failed}); "
+            f"create it yourself (useradd {' '.join(USERADD_OPTIONS)} {FRONT_USER}) and start again"
+        )
+    return FRONT_USER
 
 
 def front_tls(ca_cert: str | None, cert: str | None, key: str | None) -> FrontTLS:

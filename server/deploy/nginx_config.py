@@ -94,6 +94,9 @@ class FrontSpec:
     temp_dir: str  # an existing folder nginx may create its temporary folders in
     access_log: str
     limits: FrontLimits = field(default_factory=FrontLimits)
+    # the user and group of nginx's workers when its master runs as root (server/deploy/front.py
+    # FRONT_USER); None: no `user` line (a master that is not root runs its workers as itself)
+    user: str | None = None
 
 
 # compose's proxy (docker/compose.yaml): in the coordinator's network namespace, its SuperLink on
@@ -139,8 +142,9 @@ def render(spec: FrontSpec) -> str:
     locations = "\n".join(
         f"        location = {FLEET_PREFIX}{call} {{ proxy_pass {scheme}://superlink; }}" for call in FLEET_CALLS
     )
+    user = f"user {spec.user} {spec.user};\n" if spec.user else ""
     return f"""{HEADER}
-worker_processes 1;
+{user}worker_processes 1;
 pid {spec.pid_file};
 error_log stderr warn;
 

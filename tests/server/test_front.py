@@ -15,6 +15,7 @@ from common.config.compose import compose_experiment
 from server.deploy import fedserver as main
 from server.deploy import front
 from server.deploy.admin import certs_main
+from server.deploy.nginx_config import render
 
 
 def cfg_at(address: str, *extra: str):
@@ -108,3 +109,26 @@ def self_signed(names: list[str]) -> bytes:
 def test_loopback_port_out_of_range_is_one_line():
     with pytest.raises(ValueError, match=r"superlink.loopback_port: expected a port in \[0, 65535\]"):
         compose_experiment(["superlink.loopback_port=70000"])
+
+
+def test_the_fronts_workers_get_a_user_of_their_own_only_under_root(tmp_path, monkeypatch):
+    monkeypatch.setattr(front, "nginx_binary", lambda: "/usr/sbin/nginx")
+    monkeypatch.setattr(front, "front_user", lambda: None)  # fedserver not root: nginx's workers run as it
+    _, spec = front.plan_front(cfg_at("0.0.0.0:9092"), tmp_path)
+    assert spec.user is None and "\nuser " not in render(spec)
+    monkeypatch.setattr(front, "front_user", lambda: front.FRONT_USER)
+    _, spec = front.plan_front(cfg_at("0.0.0.0:9092"), tmp_path)
+    assert "\nuser fedreid-front fedreid-front;\nworker_processes 1;" in render(spec)
+
+
+def test_a_front_user_that_cannot_be_made_is_refused_in_one_line(monkeypatch):
+    monkeypatch.setattr(front.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(front, "FRONT_USER", "fedreid-front-absent")  # no such user: it would be made
+    monkeypatch.setattr(front.shutil, "which", lambda name: "/bin/false" if name == "useradd" else None)
+    with pytest.raises(front.FrontError) as e:
+        front.front_user()
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith("cannot create the system user fedreid-front-absent")
+    assert "useradd --system --user-group" in msg
+    monkeypatch.setattr(front.os, "geteuid", lambda: 1000)  # not root: no user, nothing made
+    assert front.front_user() is None

@@ -6,17 +6,23 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import grp
+import os
+import pwd
 import ssl
+import subprocess
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+import psutil
 import pytest
 
 from common import processes
+from common.config.compose import compose_experiment
 from server.deploy.admin import certs_main
-from server.deploy.front import front_tls, nginx_binary, start_front
+from server.deploy.front import FRONT_USER, front_tls, nginx_binary, plan_front, start_front
 from server.deploy.nginx_config import FLEET_CALLS, FLEET_PREFIX, FrontLimits, FrontSpec, render
 from tests import rawhttp
 
@@ -241,6 +247,63 @@ def test_the_front_passes_tls_on_both_hops(front, tmp_path):
         assert rawhttp.request("127.0.0.1", port, "/v1/fleet/get-run", body=b"abc", ca_cert=ca) == 200
         assert rawhttp.request("127.0.0.1", port, "/v1/control/start-run", ca_cert=ca) == 404
         assert up.seen == [("/v1/fleet/get-run", 3)]
+    finally:
+        processes.stop(proc, grace_s=5)
+        up.close()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="fedserver makes the front's own user only when it runs as root")
+def test_the_fronts_workers_run_as_a_user_of_their_own_and_cannot_read_the_key(tmp_path):
+    """fedserver as root on a public address with TLS, its front planned and started as fedserver does:
+    nginx's master stays root (it reads the key), its workers run as FRONT_USER, which no other process
+    of the machine has (nobody's processes could read a worker's memory, and with it the key), and that
+    user cannot open the key file."""
+    assert certs_main([str(tmp_path / "tls")]) == 0
+    tls_dir = tmp_path / "tls"
+    up = Upstream()
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.load_cert_chain(tls_dir / "server.pem", tls_dir / "server.key")
+    up.server.socket = ctx.wrap_socket(up.server.socket, server_side=True)
+    port = processes.free_port()
+    cfg = compose_experiment(
+        [
+            "experiment=demo",
+            "superlink.insecure=false",
+            f"superlink.address='0.0.0.0:{port}'",
+            f"superlink.loopback_port={up.port}",
+            f"superlink.ca_cert={tls_dir / 'ca.crt'}",
+            f"superlink.cert={tls_dir / 'server.pem'}",
+            f"superlink.key={tls_dir / 'server.key'}",
+        ]
+    )
+    run_dir = tmp_path / "run"
+    _, spec = plan_front(cfg, run_dir / "front")
+    proc = start_front(spec, run_dir)
+    try:
+        assert rawhttp.request("127.0.0.1", port, "/v1/fleet/get-run", body=b"abc", ca_cert=tls_dir / "ca.crt") == 200
+        master = psutil.Process(proc.pid)
+        workers = master.children()
+        front_uid = pwd.getpwnam(FRONT_USER).pw_uid
+        front_gid = grp.getgrnam(FRONT_USER).gr_gid
+        assert master.uids().real == 0 and workers, "nginx's master runs as root and has workers"
+        for w in workers:
+            assert set(w.uids()) == {front_uid} and set(w.gids()) == {front_gid}, (w.uids(), w.gids())
+        assert front_uid != pwd.getpwnam("nobody").pw_uid
+        others = [
+            (p.pid, p.info["name"])
+            for p in psutil.process_iter(["name", "uids", "gids"])
+            if p.pid not in {w.pid for w in workers}
+            and (front_uid in (p.info["uids"] or ()) or front_gid in (p.info["gids"] or ()))
+        ]
+        assert others == [], f"other processes share the front's user or group: {others}"
+        assert pwd.getpwnam(FRONT_USER).pw_shell == "/usr/sbin/nologin"
+        # the key the master read as root: the workers' user cannot open it
+        key = tls_dir / "server.key"
+        assert key.stat().st_uid == 0 and key.stat().st_mode & 0o077 == 0
+        read = subprocess.run(
+            ["/bin/cat", str(key)], user=FRONT_USER, group=FRONT_USER, extra_groups=[], capture_output=True, text=True
+        )
+        assert read.returncode != 0 and "Permission denied" in read.stderr and read.stdout == "", read.stderr
     finally:
         processes.stop(proc, grace_s=5)
         up.close()
