@@ -45,7 +45,7 @@ from common.config.structured import ConfigError
 from common.datasets import FACE_READERS, build_reader
 from common.datasets.base import DatasetLayoutError
 from common.datasets.verify import site_records, verify_report
-from common.instruction_signature import COORDINATOR_PUB, load_coordinator_public_key, public_key_fingerprint
+from common.coordinator_keys import COORDINATOR_PUB, load_coordinator_public_key, public_key_fingerprint
 from common.private_folder import NotPrivateError, check_private, make_private
 from common.writable import NotWritableError, check_writable
 

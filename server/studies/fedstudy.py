@@ -57,7 +57,7 @@ import yaml
 from omegaconf import OmegaConf
 
 from common import processes
-from common.checkpoint import atomic_json_save
+from common.atomic_files import atomic_json_save
 from common.config.compose import REPO_ROOT, conf_dir
 from server.fedreid.source_pretrain import SourcePretraining, cached_pretraining
 from server.studies.baselines import baseline_runs, check_baselines
