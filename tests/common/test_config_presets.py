@@ -140,6 +140,8 @@ def test_site_config_round_trips_through_flowers_node_config():
         "min-secure-aggregation-sites": "3",
     }
     assert full.node_config_arg().startswith('site="face1" data-root="/data/fedfr/clients/face1" reader="face_site"')
-    assert full.node_config_arg().endswith('fault="nan" hold-state="true" site-socket="/s" min-secure-aggregation-sites="3"')
+    assert full.node_config_arg().endswith(
+        'fault="nan" hold-state="true" site-socket="/s" min-secure-aggregation-sites="3"'
+    )
     with pytest.raises(ValueError, match="must not contain double quotes"):
         dataclasses.replace(site, data_root='/a"b').node_config_arg()
