@@ -15,12 +15,8 @@ tensors, numpy scalars python numbers). A file holding anything else is refused 
 
 from __future__ import annotations
 
-import json
-import os
 import pickle
 import sys
-import tempfile
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -28,29 +24,13 @@ import numpy as np
 import torch
 import torch.utils.serialization  # its config: save.compute_crc32 (atomic_torch_save)
 
+from common.atomic_files import atomic_json_save as atomic_json_save  # also importable from here
+from common.atomic_files import atomic_write
+from common.atomic_files import atomic_write_bytes as atomic_write_bytes
+
 
 class UnsafeCheckpointError(ValueError):
     """A file that ``torch.load(weights_only=True)`` refuses: not loaded, nothing in it was run."""
-
-
-def atomic_write_bytes(path: str | Path, data: bytes) -> None:
-    _atomic_write(path, lambda f: f.write(data))
-
-
-def _atomic_write(path: str | Path, write: Callable[[BinaryIO], object]) -> None:
-    """``write(f)`` into a temporary file beside ``path``, flushed to disk, renamed over ``path``."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")  # mode 0600
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def to_plain(obj: Any) -> Any:
@@ -79,18 +59,14 @@ def atomic_torch_save(obj: Any, path: str | Path, *, checksums: bool = True) -> 
     # object as a buffer), without two more copies of a model-sized buffer per save
     plain = to_plain(obj)
     if checksums:
-        _atomic_write(path, lambda f: torch.save(plain, f))
+        atomic_write(path, lambda f: torch.save(plain, f))
         return
 
     def write(f: BinaryIO) -> None:
         with torch.utils.serialization.config.patch(**{"save.compute_crc32": False}):
             torch.save(plain, f)
 
-    _atomic_write(path, write)
-
-
-def atomic_json_save(obj: Any, path: str | Path) -> None:
-    atomic_write_bytes(path, json.dumps(obj, indent=2, sort_keys=True).encode())
+    atomic_write(path, write)
 
 
 def torch_load(path: str | Path, *, mmap: bool = False) -> Any:

@@ -14,7 +14,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from common.config.structured import ConfigError
-from common.datasets.base import DatasetLayoutError
+from common.dataset_errors import DatasetLayoutError
 
 USAGE = 2  # the command line, the configuration or the data it names is wrong
 RUNTIME = 1  # it started and something outside it failed

@@ -1,6 +1,6 @@
 """The tasks the coordinator can run, by the experiment's ``task``: one entry per task.
 
-The ServerApp (``server/app.py``), ``fedserver`` (``server/deploy/fedserver.py``), ``fedeval`` and resume
+The ServerApp (``server/app.py``), ``fedserver`` (``server/deploy/coordinator.py``), ``fedeval`` and resume
 (``server/deploy/resume.py``) consult :data:`TASKS`. A new task is a sub-package of ``server/`` providing a
 :class:`ServerTask` and one line here.
 """
@@ -29,7 +29,6 @@ def _nothing(cfg: ExperimentConfig) -> None:
 class ServerTask:
     components: Callable[[ExperimentConfig], ServerAppComponents]  # the ServerApp's strategy and reporting
     evaluate: Callable[[list[str]], None]  # ``fedeval task=NAME ...`` (argv without task=)
-    evaluate_usage: str = ""
     check_start: Callable[[ExperimentConfig], None] = _nothing  # fedserver, before any process starts
     offline: Callable[[ExperimentConfig], int | None] | None = None  # a stage without sites: exit code, or None
     check_resumable: Callable[[ExperimentConfig], None] = _nothing  # resume=RUN_DIR: raise ValueError if not
@@ -52,7 +51,6 @@ TASKS: dict[str, ServerTask] = {
     "fedreid": ServerTask(
         components=fedreid_components.build_components,
         evaluate=fedreid_fedeval.main,
-        evaluate_usage=fedreid_fedeval.__doc__ or "",
         check_start=check_initial_weights,
     ),
     "fedfr": ServerTask(

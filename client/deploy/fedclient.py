@@ -42,10 +42,10 @@ from common.config.compose import site_names
 from common.config.experiment import TrainConfig
 from common.config.site import SiteConfig, check_min_sites, default_state_dir, load_site
 from common.config.structured import ConfigError
+from common.coordinator_keys import COORDINATOR_PUB, load_coordinator_public_key, public_key_fingerprint
 from common.datasets import FACE_READERS, build_reader
 from common.datasets.base import DatasetLayoutError
 from common.datasets.verify import site_records, verify_report
-from common.instruction_signature import COORDINATOR_PUB, load_coordinator_public_key, public_key_fingerprint
 from common.private_folder import NotPrivateError, check_private, make_private
 from common.writable import NotWritableError, check_writable
 

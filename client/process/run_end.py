@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from common.checkpoint import atomic_json_save
+from common.atomic_files import atomic_json_save
 
 PROGRESS_FILE = "run_progress.json"
 

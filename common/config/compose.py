@@ -91,3 +91,12 @@ def compose_experiment(overrides: list[str] | None = None) -> ExperimentConfig:
 
 def site_names() -> list[str]:
     return sorted(p.stem for p in (conf_dir() / "site").glob("*.yaml"))
+
+
+def experiment_groups() -> dict[str, list[str]]:
+    """Every config group of conf/config.yaml's defaults with its options (conf/GROUP/*.yaml), for help texts."""
+    from omegaconf import OmegaConf
+
+    defaults = OmegaConf.to_container(OmegaConf.load(conf_dir() / "config.yaml"))["defaults"]
+    groups = [next(iter(d)) for d in defaults if isinstance(d, dict)]
+    return {g: sorted(p.stem for p in (conf_dir() / g).glob("*.yaml")) for g in groups}

@@ -12,25 +12,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
+from common.dataset_errors import DatasetLayoutError
+
 
 class Record(NamedTuple):
     path: str
     pid: int
     camid: int
-
-
-class DatasetLayoutError(FileNotFoundError):
-    """A dataset folder does not have the layout its reader expects."""
-
-    def __init__(self, dataset: str, expected: str, offending: str | Path, why: str = "missing"):
-        self.dataset = dataset
-        self.expected = expected
-        self.offending = str(offending)
-        super().__init__(
-            f"{dataset}: {why}: {offending}\n"
-            f"  expected layout: {expected}\n"
-            f"  fix the data root (or write synthetic data with `python -m common.datasets.synthetic`)."
-        )
 
 
 @dataclass

@@ -26,7 +26,6 @@ from pathlib import Path
 
 from common.config.compose import compose_experiment
 from common.datasets import build_reader
-from server.demos.fedfr_demo import main as fedfr_main
 from server.demos.fedreid_demo import DEFAULT_SITES, summarize, target_domains, write_data
 from server.demos.options import add_federation_options, parse_demo_args
 from server.demos.worlds import POOLED, WORLDS, pool_sites, write_class_data
@@ -184,6 +183,8 @@ def server_overrides(
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     if "experiment=fedfr-demo" in argv:  # the FedFR demo, same options
+        from server.demos.fedfr_demo import main as fedfr_main  # its tasks' code (torch, Flower): only for it
+
         return fedfr_main([a for a in argv if a != "experiment=fedfr-demo"])
     a, overrides = parse_args(argv)
     compose_experiment(["experiment=demo", *overrides])  # a wrong key or value: one line, before any data is written

@@ -30,7 +30,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from common import processes, security
-from common.instruction_signature import ensure_coordinator_keys
+from common.coordinator_keys import ensure_coordinator_keys
 
 CONNECTION = "fedreid"
 CLI_TIMEOUT_S = 60.0

@@ -23,7 +23,7 @@ from typing import Self
 
 from common import processes
 from common.config.compose import REPO_ROOT
-from common.instruction_signature import ensure_coordinator_keys
+from common.coordinator_keys import ensure_coordinator_keys
 
 # how long a site's SuperNode keeps retrying to reach the SuperLink (fedclient --max-wait-time)
 SITE_MAX_WAIT_S = 120

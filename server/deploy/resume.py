@@ -37,7 +37,7 @@ new node and trains from its own state folder (tests/e2e/test_resume.py). A run 
 SuperLink state (``superlink.db``, ``site_nodes.json``) is never reopened, even with
 ``superlink.persist_state=true``: a SuperLink executes the runs and trusts the node keys of its
 database, so the resumed SuperLink starts fresh and the site keys are registered again from
-``superlink.site_keys`` (server/deploy/fedserver.py ``discard_superlink_state``; docs/security.md). Messages of the dead run already pulled by a site may be trained once more (wasted work,
+``superlink.site_keys`` (server/deploy/coordinator.py ``discard_superlink_state``; docs/security.md). Messages of the dead run already pulled by a site may be trained once more (wasted work,
 at most one round: the resumed run asks for that round again).
 """
 

@@ -37,7 +37,7 @@ REUSE_MEMORY_ENV = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(2 << 
 
 
 class SimulationEngine:
-    """Flower's simulation runtime with N virtual sites (one lookup entry of server/deploy/fedserver.ENGINES)."""
+    """Flower's simulation runtime with N virtual sites (one lookup entry of server/deploy/coordinator.ENGINES)."""
 
     def __init__(self) -> None:
         self.tag = uuid.uuid4().hex[:12]

@@ -10,22 +10,34 @@ fedfr_eval.{json,md} + CSV in run_dir (``server/fedfr/evaluate.py``).
 
 from __future__ import annotations
 
+import ast
+import importlib.util
 import sys
+from pathlib import Path
 
-from server.tasks import TASKS, server_task
+# task -> the module of its evaluation, ``TASKS[task].evaluate`` of server/tasks.py (a test keeps them
+# equal): the task names and the help come from here, the task's code (torch, Flower) only to evaluate
+EVALUATION_MODULES = {"fedreid": "server.fedreid.fedeval", "fedfr": "server.fedfr.evaluate"}
+
+
+def evaluation_usage(task: str) -> str:
+    """The docstring of the task's evaluation module, read from its source (the module is not run)."""
+    origin = importlib.util.find_spec(EVALUATION_MODULES[task]).origin
+    return ast.get_docstring(ast.parse(Path(origin).read_text()), clean=False) or ""
 
 
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     tasks = [a.partition("=")[2] for a in argv if a.startswith("task=")]
     name = tasks[-1] if tasks else "fedreid"
-    if name not in TASKS:
-        raise SystemExit(f"fedeval: unknown task {name!r}; expected one of {sorted(TASKS)}")
-    task = server_task(name)
+    if name not in EVALUATION_MODULES:
+        raise SystemExit(f"fedeval: unknown task {name!r}; expected one of {sorted(EVALUATION_MODULES)}")
     if any(a in ("-h", "--help") for a in argv):
-        print(__doc__ + "\n" + (task.evaluate_usage or ""))
+        print(__doc__ + "\n" + evaluation_usage(name))
         return
-    task.evaluate([a for a in argv if not a.startswith("task=")])
+    from server.tasks import server_task
+
+    server_task(name).evaluate([a for a in argv if not a.startswith("task=")])
 
 
 if __name__ == "__main__":

@@ -57,10 +57,8 @@ import yaml
 from omegaconf import OmegaConf
 
 from common import processes
-from common.checkpoint import atomic_json_save
+from common.atomic_files import atomic_json_save
 from common.config.compose import REPO_ROOT, conf_dir
-from server.fedreid.source_pretrain import SourcePretraining, cached_pretraining
-from server.studies.baselines import baseline_runs, check_baselines
 from server.studies.claims import check_claims
 from server.studies.results import curve, final_metrics, write_results
 
@@ -108,11 +106,16 @@ def load_study(name_or_path: str, overrides: list[str] | None = None) -> dict:
     study.setdefault("overrides", [])
     study["variants"] = {str(v): (spec or {}) for v, spec in study["variants"].items()}
     if study.get("pretrain") is not None:
+        from server.fedreid.source_pretrain import SourcePretraining  # the training's module (torch)
+
         try:
             SourcePretraining.from_dict(study["pretrain"])
         except (TypeError, ValueError) as e:
             raise SystemExit(f"fedstudy: {path} pretrain: {e}") from None
-    check_baselines(study)
+    if study.get("baselines"):
+        from server.studies.baselines import check_baselines  # the baselines' evaluation (torch)
+
+        check_baselines(study)
     check_claims(study)  # a claim naming an unknown variant or metric is refused before any run
     return study
 
@@ -217,6 +220,8 @@ def pretrained_start(study: dict, out: Path) -> Path | None:
     source world, kept by its parameters' hash (server/fedreid/source_pretrain.py); None without one."""
     if study.get("pretrain") is None:
         return None
+    from server.fedreid.source_pretrain import SourcePretraining, cached_pretraining
+
     cache = Path(fill(str(study.get("pretrain_cache", "{data}/pretrained")), {"data": str(out / "data")}))
     t0 = time.time()
     print(f"fedstudy: pretrained start (cache {cache})", flush=True)
@@ -331,6 +336,8 @@ def collect(study: dict, out: Path, variants: list[str]) -> dict:
     first = next(iter(study["variants"]))
     done = {int(s): out / "runs" / first / f"seed{int(s)}" for s in study["seeds"]}
     done = {s: d for s, d in done.items() if completed(d)}
+    from server.studies.baselines import baseline_runs
+
     per_run |= baseline_runs(study, done, study["metrics"])  # round 0, raw pixels: per seed
     return write_results(out, study, per_run, curves)
 

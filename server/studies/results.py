@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from common.checkpoint import atomic_json_save, atomic_write_bytes
+from common.atomic_files import atomic_json_save, atomic_write_bytes
 from server.studies.claims import claim_rows, claims_markdown, plateau_markdown, plateau_rows
 
 

@@ -20,7 +20,7 @@ import yaml
 from client.deploy.fedclient import parser as fedclient_parser
 from common.config.compose import compose_experiment, site_names
 from server.deploy.admin import certs_main, list_sites_parser
-from server.deploy.fedserver import build_superlink_cmd
+from server.deploy.coordinator import build_superlink_cmd
 from server.deploy.nginx_config import DOCKER_FRONT, render
 from tests.fakes import load_compose
 

@@ -11,7 +11,7 @@ from client.deploy import fedclient
 from common import superexec
 from common.config.compose import compose_experiment
 from common.config.site import SiteConfig
-from server.deploy import fedserver
+from server.deploy import coordinator
 
 
 def test_secret_is_new_random_and_private(tmp_path):
@@ -64,18 +64,18 @@ def test_every_site_supernode_runs_process_isolation_with_the_secret(tmp_path):
 
 def test_coordinator_superlink_and_superexec_share_the_secret(tmp_path, monkeypatch):
     started = []
-    monkeypatch.setattr(fedserver.processes, "start", lambda cmd, env, **kw: started.append((cmd, env)))
+    monkeypatch.setattr(coordinator.processes, "start", lambda cmd, env, **kw: started.append((cmd, env)))
     cfg = compose_experiment(
         [f"run_dir={tmp_path}", "superlink.address=0.0.0.0:19092", "superlink.insecure=true", "model.pretrained=none"]
     )
     secret = superexec.write_secret(tmp_path / superexec.SECRET_FILE)
-    env = fedserver.superlink_env(cfg, fedserver.DeploymentEngine(), tmp_path, tmp_path / "home")
-    fedserver.start_superlink(cfg, fedserver.DeploymentEngine(), tmp_path, env, secret)
-    fedserver.start_superexec(cfg, tmp_path, env, secret)
+    env = coordinator.superlink_env(cfg, coordinator.DeploymentEngine(), tmp_path, tmp_path / "home")
+    coordinator.start_superlink(cfg, coordinator.DeploymentEngine(), tmp_path, env, secret)
+    coordinator.start_superexec(cfg, tmp_path, env, secret)
     (link, link_env), (runner, runner_env) = started
     i = link.index("--isolation")
     assert link[i : i + 4] == ["--isolation", "process", "--superexec-auth-secret-file", str(secret)]
     assert runner[runner.index("--superexec-auth-secret-file") + 1] == str(secret)
     # the SuperLink's one port, dialled on loopback; the ServerApp finds the experiment through the env
     assert runner[runner.index("--runtime-api-address") + 1] == "127.0.0.1:19092"
-    assert runner_env == link_env and fedserver.SERVERAPP_ENV in runner_env
+    assert runner_env == link_env and coordinator.SERVERAPP_ENV in runner_env

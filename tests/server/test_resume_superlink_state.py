@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 
-import server.deploy.fedserver as main
+import server.deploy.coordinator as main
 from tests.fakes import tiny_config
 
 

@@ -18,7 +18,7 @@ from client.deploy.keygen import keygen_main
 from common import security
 from common.config.compose import compose_experiment
 from server.deploy.admin import certs_main, register_site_keys, register_site_main, site_key_files
-from server.deploy.fedserver import build_superlink_cmd
+from server.deploy.coordinator import build_superlink_cmd
 
 
 def _scalar_hex(key_file: Path) -> str:

@@ -193,7 +193,7 @@ scales:
 
 
 def test_the_pretrained_start_is_made_once_and_given_to_every_run(tmp_path, monkeypatch, capsys):
-    import server.studies.fedstudy as study_mod
+    from server.fedreid import source_pretrain
 
     path = _study(tmp_path, seeds=(0, 1))
     path.write_text(
@@ -206,7 +206,7 @@ def test_the_pretrained_start_is_made_once_and_given_to_every_run(tmp_path, monk
         made.append((p.domains, p.ids_per_domain, str(cache)))
         return cache / "weights.pth"
 
-    monkeypatch.setattr(study_mod, "cached_pretraining", fake)
+    monkeypatch.setattr(source_pretrain, "cached_pretraining", fake)  # fedstudy imports it when a run needs it
     out = tmp_path / "out"
     main([str(path), "--out", str(out)])
     assert made == [(2, 3, str(out / "data" / "pretrained"))]  # once for the four runs
