@@ -111,12 +111,22 @@ def front_user() -> str | None:
         failed = done.returncode != 0 and (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
     except (OSError, subprocess.TimeoutExpired) as e:
         failed = str(e)
+    if failed and _user_exists(FRONT_USER):  # another fedserver made it meanwhile
+        failed = ""
     if failed:
         raise FrontError(
             f"cannot create the system user {FRONT_USER} that nginx's workers run as ({' '.join(cmd)}: {failed}); "
             f"create it yourself (useradd {' '.join(USERADD_OPTIONS)} {FRONT_USER}) and start again"
         )
     return FRONT_USER
+
+
+def _user_exists(name: str) -> bool:
+    try:
+        pwd.getpwnam(name)
+    except KeyError:
+        return False
+    return True
 
 
 def front_tls(ca_cert: str | None, cert: str | None, key: str | None) -> FrontTLS:

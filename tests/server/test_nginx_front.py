@@ -289,11 +289,14 @@ def test_the_fronts_workers_run_as_a_user_of_their_own_and_cannot_read_the_key(t
         for w in workers:
             assert set(w.uids()) == {front_uid} and set(w.gids()) == {front_gid}, (w.uids(), w.gids())
         assert front_uid != pwd.getpwnam("nobody").pw_uid
+        # nothing but nginx workers runs as that user or group (another test's front may run beside
+        # this one: pytest workers run modules in parallel)
         others = [
-            (p.pid, p.info["name"])
-            for p in psutil.process_iter(["name", "uids", "gids"])
+            (p.pid, p.info["name"], p.info["cmdline"])
+            for p in psutil.process_iter(["name", "cmdline", "uids", "gids"])
             if p.pid not in {w.pid for w in workers}
             and (front_uid in (p.info["uids"] or ()) or front_gid in (p.info["gids"] or ()))
+            and not (p.info["cmdline"] or [""])[0].startswith("nginx: worker process")
         ]
         assert others == [], f"other processes share the front's user or group: {others}"
         assert pwd.getpwnam(FRONT_USER).pw_shell == "/usr/sbin/nologin"
