@@ -22,7 +22,7 @@ def _fedreid(cfg: ExperimentConfig, node_config: dict) -> NumPyClient:
     return FedReIDClient(cfg, site_settings(node_config))
 
 
-def _fedfr(cfg: ExperimentConfig, node_config: dict) -> NumPyClient:  # seed 001: public data from the node config
+def _fedfr(cfg: ExperimentConfig, node_config: dict) -> NumPyClient:  # FedFR's public data: from the node config
     settings = site_settings(node_config)
     return FedFRClient(cfg, settings, public_root=settings.public_root)
 

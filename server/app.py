@@ -10,6 +10,7 @@ With ``privacy.secure_aggregation`` the rounds run through Flower's ``DefaultWor
 round in ``SecAggPlusWorkflow`` (``server/strategy/secure_aggregation.py``), around the same strategy.
 With ``superlink.coordinator_key`` (``fedserver`` sets it on the deployment engine) every message
 the ServerApp sends is signed with that key (``server/flower/signing_grid.py``): sites act on nothing else.
+Flower's end-of-run ``[SUMMARY]`` goes to ``RUN_DIR/serverapp.log`` only (``server/flower/summary_log.py``).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from common.processes import RUN_TAG_ENV
 from server.flower.array_exchange_grid import ArrayExchangeGrid
 from server.flower.flwr_run import check_federation_size, composed_here, serverapp_experiment
 from server.flower.signing_grid import SigningGrid
+from server.flower.summary_log import summary_to_run_log
 from server.run.checkpoint import checkpoint_round
 from server.strategy.secure_aggregation import secagg_settings
 from server.tasks import server_task
@@ -51,6 +53,7 @@ class FedServerApp(ServerApp):
     def __call__(self, grid: Grid, context: Context) -> None:
         setup_logging("fedserver")
         cfg = serverapp_experiment(context.run_config)
+        summary_to_run_log(cfg.run_dir)  # Flower's [SUMMARY] history to RUN_DIR/serverapp.log, not the screen
         if composed_here(context.run_config):  # `flwr run .`: as many virtual SuperNodes as sites
             check_federation_size(grid, cfg)
         if cfg.superlink.coordinator_key:

@@ -383,8 +383,6 @@ def _absolute_roots(roots: str) -> str:
 
 
 if __name__ == "__main__":
-    from common.cli_errors import run_cli
-    from common.plain_log import plain_std_streams
+    from common.console import console_script
 
-    plain_std_streams()
-    run_cli("fedclient", main)
+    console_script("fedclient", main)

@@ -1,4 +1,4 @@
-"""The FedFR site (seed 001): a Flower ``NumPyClient`` on the site skeleton of ``client/site.py``.
+"""The FedFR site (Liu et al., AAAI 2022): a Flower ``NumPyClient`` on the site skeleton of ``client/site.py``.
 
 One round (``fit``): check the manifest and the public identities, start from the site model of
 its state (W_l, Pi, Omega, b and last round's Theta_l), take Theta_g^t and Phi_g^t from the

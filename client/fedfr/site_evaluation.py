@@ -1,4 +1,4 @@
-"""A FedFR site's personalised evaluation, in Flower's evaluate round (seed 001): metrics only.
+"""A FedFR (Liu et al., AAAI 2022) site's personalised evaluation, in Flower's evaluate round: metrics only.
 
 The site scores, on its own identities (``common/evaluation/fedfr_site_scoring.py``), the global
 model the coordinator sent (``global``), its own backbone Theta_l (``local``) and its personalised

@@ -1,4 +1,4 @@
-"""One FedFR round on a site (seed 001): hard negatives, imprinting, and the local objective.
+"""One FedFR round on a site (Liu et al., AAAI 2022): hard negatives, imprinting, and the local objective.
 
     L = a1 * L_cos + a2 * L_con + a3 * L_BCE                                      (a = 1, 5, 10)
 

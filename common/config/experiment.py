@@ -233,7 +233,7 @@ class ExperimentConfig:
     privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     superlink: SuperLinkConfig = field(default_factory=SuperLinkConfig)
-    fedfr: FedFRConfig = field(default_factory=FedFRConfig)  # task: fedfr (seed 001)
+    fedfr: FedFRConfig = field(default_factory=FedFRConfig)  # task: fedfr (Liu et al., AAAI 2022)
     engine: EngineConfig = field(default_factory=EngineConfig)  # deployment | simulation (Flower's runtimes)
     # The coordinator's private folder (0700; "" = ~/.fedreid/coordinator): the runs' noise secrets,
     # which a run folder must not hold (server/strategy/noise_secret.py). On resume it comes from the command line.

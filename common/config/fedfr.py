@@ -1,4 +1,4 @@
-"""FedFR settings (seed 001), the ``fedfr`` section of ExperimentConfig (``task: fedfr``).
+"""FedFR settings (Liu et al., AAAI 2022), the ``fedfr`` section of ExperimentConfig (``task: fedfr``).
 
 Defaults are the paper's (held here only: ``conf/experiment/fedfr.yaml`` sets the task); ``experiment=fedfr-demo``
 shrinks the model and the data for a 2-core CPU. Settings shared with FedReID stay where they are:

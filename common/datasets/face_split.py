@@ -1,4 +1,4 @@
-"""FedFR's data setting from an identity-folder face set (seed 001, "Datasets"), seeded.
+"""FedFR's data setting from an identity-folder face set (Liu et al., AAAI 2022, "Datasets"), seeded.
 
     SRC/<identity>/<images>  ->  OUT/public/<identity>/...                    K_g public identities
                                  OUT/clients/<site>/train/<identity>/...      n_train per identity

@@ -1,4 +1,4 @@
-"""The unseen-domain protocol of FedReID (seed 000) for the small sets without a fixed split.
+"""The unseen-domain protocol of FedReID (Wu & Gong, AAAI 2021) for the small sets without a fixed split.
 
 VIPeR, iLIDS, 3DPeS and CAVIAR have no official query/gallery. Each of ``num_splits`` random
 splits (default 10) takes a random half of the identities as test identities; for each test

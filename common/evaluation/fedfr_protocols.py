@@ -1,4 +1,4 @@
-"""FedFR's evaluation protocols (seed 001; docs/protocols.md "Face verification metrics"), pure numpy.
+"""FedFR's evaluation protocols (Liu et al., AAAI 2022; docs/protocols.md "Face verification metrics"), pure numpy.
 
 Generic (IJB-C, the files insightface's IJB scripts read, ``common.datasets.ijbc``):
 - image feature = the model's raw (unnormalised) feature of the aligned crop, plus that of its

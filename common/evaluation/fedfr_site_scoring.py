@@ -1,4 +1,4 @@
-"""FedFR's personalised protocol scored for ONE site, from what that site holds (seed 001).
+"""FedFR's personalised protocol scored for ONE site, from what that site holds (Liu et al., AAAI 2022).
 
 The site's own registered (train/) and test/ images, and the non-mated probes it has: the test
 images of other sites when its operator gives their folders (``impostor_roots``, the paper's

@@ -411,7 +411,7 @@ def _add_tied_before(
 
 
 def _row_counts(mask: np.ndarray) -> np.ndarray:
-    """Number of True per row of a 2-D bool array (bit-packed popcount: ~2x count_nonzero)."""
+    """Number of True per row of a 2-D bool array (a popcount of the bit-packed rows: an eighth of the bytes count_nonzero reads)."""
     if hasattr(np, "bitwise_count"):
         return np.bitwise_count(np.packbits(mask, axis=1)).sum(axis=1, dtype=np.int64)
     return np.count_nonzero(mask, axis=1)

@@ -1,4 +1,4 @@
-"""CosFace (Wang et al., CVPR 2018) and FedFR's balanced CosFace (seed 001).
+"""CosFace (Wang et al., CVPR 2018) and FedFR's balanced CosFace (Liu et al., AAAI 2022).
 
     L_cos = -log( e^{s(cos t_y - m)} / (e^{s(cos t_y - m)} + sum_{j != y} e^{s cos t_j}) )
 

@@ -1,4 +1,4 @@
-"""FedFR hard-negative sampling of the public data (seed 001, "Hard Negative Sampling").
+"""FedFR hard-negative sampling of the public data (Liu et al., AAAI 2022, "Hard Negative Sampling").
 
 At the start of each round a client embeds its local images and the public images with the
 current global model Theta_g^t, and keeps the public images whose cosine similarity to ANY local

@@ -1,4 +1,4 @@
-"""FedFR's Decoupled Feature Customization (DFC) module (seed 001).
+"""FedFR's Decoupled Feature Customization (DFC) module (Liu et al., AAAI 2022).
 
     f' = Pi(f)                              one FC layer (d -> d), initialised to the identity
     cos t_j = <f'/|f'|, Omega_j/|Omega_j|>  for the K_l binary branches Omega (K_l x d)

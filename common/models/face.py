@@ -1,6 +1,6 @@
 """The SphereFace / CosFace face backbones ("sphere20/36/64", Liu et al. 2017; Wang et al. 2018).
 
-FedFR (seed 001) uses the 64-layer one: input 3 x 112 x 112 in [-1, 1], 512-d output.
+FedFR (Liu et al., AAAI 2022) uses the 64-layer one: input 3 x 112 x 112 in [-1, 1], 512-d output.
 
 Each of the 4 stages is a stride-2 3x3 conv + PReLU followed by ``layers[i]`` residual units
 ``x + PReLU(conv(PReLU(conv(x))))`` (3x3 convs, stride 1). No BatchNorm. The last feature map is

@@ -1,4 +1,4 @@
-"""A FedFR site's model and what of it crosses the wire (seed 001, Eq. 2 and 4).
+"""A FedFR site's model and what of it crosses the wire (Liu et al., AAAI 2022, Eq. 2 and 4).
 
     backbone         Theta    SphereFace/CosFace CNN, (B, 3, H, W) -> (B, d)       shared (Eq. 2)
     public_proxies   Phi      (K_g, d) CosFace proxies of the public identities   shared (Eq. 4)

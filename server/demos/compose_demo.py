@@ -114,6 +114,6 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    from common.cli_errors import run_cli
+    from common.console import console_script
 
-    run_cli("compose-demo", main, sys.argv[1:])
+    console_script("compose-demo", main, sys.argv[1:])

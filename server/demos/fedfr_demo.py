@@ -303,4 +303,6 @@ def summarize(out: Path) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from common.console import console_script
+
+    console_script("fedfr-demo", main)

@@ -117,6 +117,6 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    from common.cli_errors import run_cli
+    from common.console import console_script
 
-    run_cli("fedserver", main)
+    console_script("fedserver", main)

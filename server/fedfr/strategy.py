@@ -1,4 +1,4 @@
-"""The FedFR strategy (seed 001): FedReIDStrategy with FedAvg weighted by each site's own images.
+"""The FedFR strategy (Liu et al., AAAI 2022): FedReIDStrategy with FedAvg weighted by each site's own images.
 
     Theta_g = sum_i N_i * Theta_i / N      (Eq. 2)       Phi_g = sum_i N_i * Phi_i / N      (Eq. 4)
 

@@ -41,6 +41,6 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    from common.cli_errors import run_cli
+    from common.console import console_script
 
-    run_cli("fedeval", main)
+    console_script("fedeval", main)

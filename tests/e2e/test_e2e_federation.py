@@ -46,6 +46,10 @@ def test_two_sites_two_rounds(tmp_path):
     for site in ("market1501", "dukemtmc"):
         assert (out / "state" / site / "site_state.pt").is_file()
     assert "[round 2/2]" in output
+    # fedsim's output (a pipe here): plain text, Flower's lines included, and the project's summary
+    # without Flower's [SUMMARY] History dump, which is in the run's serverapp.log
+    assert "\x1b" not in output and "[SUMMARY]" not in output and "History (loss" not in output, output[-4000:]
+    assert "[SUMMARY]" in (out / "serverapp.log").read_text()
     # log files are plain text, and a site started with its coordinator logs no failed connection
     # attempts up to its first round: it waited for the coordinator's port before starting its
     # SuperNode (at the end, the SuperExec retries the SuperNode that stopped with the run)
