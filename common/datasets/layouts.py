@@ -402,4 +402,3 @@ def savemat(path, mdict: dict) -> None:
     from scipy.io import savemat as write
 
     write(path, mdict)
-
