@@ -63,6 +63,8 @@ def run_probe(prog: str, args: list[str], cwd: Path) -> tuple[int, str, list[str
         ("fedsim", ["train.batch_size=four"], 2),
         ("fedstudy", ["--help"], 0),
         ("fedstudy", ["nope"], 1),
+        ("fedstudy", ["fedreid-ablation", "pretrain.nope=1"], 1),  # a study with pretrain: and baselines:
+        ("fedstudy", ["privacy", "baselines=[nope]"], 1),
         ("fedeval", ["--help"], 0),
         ("fedeval", ["task=nope"], 1),
     ],

@@ -34,7 +34,6 @@ from pathlib import Path
 
 from client.deploy import site_keys
 from client.deploy.coordinator_wait import CONNECT_ATTEMPTS, CONNECT_INTERVAL_S, wait_for_coordinator
-from client.process.channel import socket_path
 from client.process.run_end import exit_status, read_progress
 from client.process.supervisor import SiteSupervisor, site_process_cmd
 from common import processes, superexec
@@ -43,9 +42,7 @@ from common.config.experiment import TrainConfig
 from common.config.site import SiteConfig, check_min_sites, default_state_dir, load_site
 from common.config.structured import ConfigError
 from common.coordinator_keys import COORDINATOR_PUB, load_coordinator_public_key, public_key_fingerprint
-from common.datasets import FACE_READERS, build_reader
-from common.datasets.base import DatasetLayoutError
-from common.datasets.verify import site_records, verify_report
+from common.dataset_errors import DatasetLayoutError
 from common.private_folder import NotPrivateError, check_private, make_private
 from common.writable import NotWritableError, check_writable
 
@@ -155,6 +152,8 @@ def main(argv: list[str] | None = None) -> None:
     if a.verify_images:  # check the data and exit: the operator's step before joining
         sys.exit(verify_images(a.site, data))
     settings = dataclasses.replace(settings, coordinator_key=coordinator_public_key(a))
+    from common.datasets import FACE_READERS
+
     if settings.reader not in FACE_READERS:  # FedFR batches mix in public images: any own count trains
         check_one_batch(a.site, len(data.train), a.batch_size or TrainConfig.batch_size)
     home = prepare_state_folder(a, settings.state_dir)
@@ -203,6 +202,8 @@ def site_settings(a: argparse.Namespace) -> SiteConfig:
 def check_site_data(site: str, settings: SiteConfig):
     """The site's dataset, read and summarised: fail here, with the layout, rather than inside the
     first round."""
+    from common.datasets import FACE_READERS, build_reader  # the readers (numpy, PIL): once a site is named
+
     try:
         data = build_reader(settings.reader, settings.data_root)
         # a FedFR face site (identity folders) summarises itself; a Re-ID reader its splits
@@ -215,6 +216,8 @@ def check_site_data(site: str, settings: SiteConfig):
 
 def verify_images(site: str, data) -> int:
     """Decode every image of the site and print the report: 0 when all decode, 1 when not."""
+    from common.datasets.verify import site_records, verify_report
+
     code, report = verify_report(site, [r.path for r in site_records(data)])
     print(report, file=sys.stderr if code else sys.stdout, flush=True)
     return code
@@ -284,6 +287,8 @@ def start_site_process(a: argparse.Namespace, settings: SiteConfig) -> tuple[Sit
     with ``--no-site-process``."""
     if a.no_site_process:
         return None, ""
+    from client.process.channel import socket_path  # the channel's frames (numpy): only to run
+
     sock = str(socket_path(settings.state_dir))
     supervisor = SiteSupervisor(
         a.site,

@@ -17,10 +17,11 @@ from __future__ import annotations
 import dataclasses
 import re
 from functools import cache
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
+if TYPE_CHECKING:  # omegaconf (~0.2 s) is imported where a config is built: a command's help needs none
+    from omegaconf import DictConfig
+    from omegaconf.errors import OmegaConfBaseException
 
 T = TypeVar("T")
 _CONVERSION = re.compile(r"Value '(?P<value>.*)' of type '(?P<type>[\w.]+)' could not be converted to (?P<to>\w+)")
@@ -29,6 +30,8 @@ _CONVERSION = re.compile(r"Value '(?P<value>.*)' of type '(?P<type>[\w.]+)' coul
 @cache
 def schema(cls: type) -> DictConfig:
     """The structured config of ``cls`` with its defaults (built once: merging copies it)."""
+    from omegaconf import OmegaConf
+
     return OmegaConf.structured(cls)
 
 
@@ -39,6 +42,9 @@ def build(cls: type[T], d: Any, key: str = "") -> T:
     """
     if isinstance(d, cls):
         return d
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
     refuse_interpolations(d, key)
     try:
         return OmegaConf.to_object(OmegaConf.merge(schema(cls), d or {}))  # type: ignore[return-value]
@@ -67,6 +73,8 @@ class ConfigError(ValueError):
 
 def config_error(e: OmegaConfBaseException, key: str = "") -> ConfigError:
     """OmegaConf's multi-line error as ``config KEY: ...`` in one line (``key``: the prefix of ``e``'s)."""
+    from omegaconf.errors import ConfigAttributeError, ConfigKeyError
+
     full = ".".join(k for k in (key, e.full_key) if k) or "<root>"
     msg = str(getattr(e, "msg", "") or e).splitlines()[0]
     if isinstance(e, ConfigKeyError | ConfigAttributeError) and " not in " in msg:

@@ -39,8 +39,6 @@ from pathlib import Path
 
 import numpy as np
 from PIL import Image
-from scipy.io import loadmat
-from scipy.io.matlab import matfile_version
 
 from common.datasets.base import (
     DatasetLayoutError,
@@ -69,7 +67,15 @@ def _mat_str(x: object) -> str:
     return str(x)
 
 
+def _loadmat(path: Path, **kwargs) -> dict:
+    from scipy.io import loadmat  # scipy (~0.3 s) only where a .mat is read: a command's help needs none
+
+    return loadmat(path, **kwargs)
+
+
 def _is_hdf5(path: Path) -> bool:
+    from scipy.io.matlab import matfile_version
+
     return matfile_version(str(path))[0] == 2  # (2, 0): MATLAB v7.3, an HDF5 file
 
 
@@ -94,7 +100,7 @@ def raw_images(raw: Path, kind: str) -> Iterator[tuple[int, int, int, np.ndarray
                     for k, r in enumerate(camp[pid]):
                         yield pair, pid, k, f[r][()].T  # HDF5 stores images transposed
         return
-    cells = loadmat(raw, variable_names=[kind])[kind]
+    cells = _loadmat(raw, variable_names=[kind])[kind]
     for pair, camp in enumerate(cells.ravel()):
         for pid in range(camp.shape[0]):
             for k in range(camp.shape[1]):
@@ -106,7 +112,7 @@ def raw_testsets(raw: Path) -> list[np.ndarray]:
     if _is_hdf5(raw):
         with _h5py(raw).File(raw, "r") as f:
             return [f[ref][()].T for ref in np.asarray(f["testsets"]).ravel()]
-    return [np.asarray(c) for c in loadmat(raw, variable_names=["testsets"])["testsets"].ravel()]
+    return [np.asarray(c) for c in _loadmat(raw, variable_names=["testsets"])["testsets"].ravel()]
 
 
 def images_dir(base: Path, kind: str, raw: Path) -> Path:
@@ -198,7 +204,7 @@ class CUHK03(DatasetReader):
 
     def _new_protocol(self, cfg_path: Path, img_dir: Path) -> tuple[list[Record], ...]:
         try:
-            cfg = loadmat(cfg_path)
+            cfg = _loadmat(cfg_path)
         except (ValueError, NotImplementedError, OSError) as e:
             raise DatasetLayoutError(self.name, self.expected, cfg_path, f"unreadable .mat ({e})") from None
         keys = ("filelist", "labels", "train_idx", "query_idx", "gallery_idx")

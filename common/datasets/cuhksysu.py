@@ -33,7 +33,6 @@ from pathlib import Path
 
 import numpy as np
 from PIL import Image
-from scipy.io import loadmat
 
 from common.datasets.base import (
     DatasetLayoutError,
@@ -112,6 +111,8 @@ class CUHKSYSU(DatasetReader):
         self.splits = ReIDSplits(self.name, train=relabel(train), query=query, gallery=gallery)
 
     def _load(self, path: Path, var: str) -> list[np.void]:
+        from scipy.io import loadmat  # scipy only where a .mat is read
+
         try:
             return _items(loadmat(path, variable_names=[var])[var])
         except (KeyError, ValueError, NotImplementedError, OSError) as e:

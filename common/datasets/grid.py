@@ -15,7 +15,6 @@ import re
 from pathlib import Path
 
 import numpy as np
-from scipy.io import loadmat
 
 from common.datasets.base import (
     DatasetLayoutError,
@@ -96,6 +95,8 @@ class GRID(DatasetReader):
 
     def _partitions(self, mat_path: Path) -> list[list[int]]:
         try:
+            from scipy.io import loadmat  # scipy only where the .mat is read
+
             cells = loadmat(mat_path, variable_names=["trainIdxAll"])["trainIdxAll"][0]
             # the indexing torchreid uses on the real file: cell k -> 1x1 struct -> 3rd field
             return [[int(i) for i in np.asarray(c[0][0][2]).ravel()] for c in cells]

@@ -32,7 +32,6 @@ from typing import Any
 
 import numpy as np
 from PIL import Image
-from scipy.io import savemat
 
 from common.datasets.msmt17 import VERSIONS
 from common.datasets.synthetic import make_domain, make_identity, render_person, write_market_layout
@@ -396,3 +395,10 @@ def write_layout(
         "identity_seed": identity_seed,
     }
     return WRITERS[name](Path(out_dir), params, **options)
+
+
+def savemat(path, mdict: dict) -> None:
+    """``scipy.io.savemat``; scipy (~0.3 s) is imported only where a .mat is written."""
+    from scipy.io import savemat as write
+
+    write(path, mdict)

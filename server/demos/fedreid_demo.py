@@ -11,11 +11,6 @@ import json
 import shutil
 from pathlib import Path
 
-from common.datasets import layouts, synthetic
-from common.datasets.fingerprint import data_fingerprint, is_current, mark_complete
-from common.datasets.layouts import write_layout
-from common.datasets.synthetic import write_market_layout
-
 DEFAULT_SITES = ["market1501", "dukemtmc", "cuhk03", "msmt17"]
 # --site-layouts real: each site's data in the real layout of the dataset it stands for
 REAL_LAYOUTS = {"market1501": "market1501", "dukemtmc": "dukemtmc", "cuhk03": "cuhk03", "msmt17": "msmt17"}
@@ -51,6 +46,10 @@ def write_data(
     ``targets`` unseen domains (``target_domains``), each with ``target_ids`` test identities of
     ``target_images_per_id`` images, ``queries_per_id`` of them queries (one per camera).
     """
+    # the generators (numpy, PIL): imported to write, so that fedsim's help and mistakes load none
+    from common.datasets.layouts import write_layout
+    from common.datasets.synthetic import write_market_layout
+
     roots = {}
     for i, site in enumerate(sites):
         layout = REAL_LAYOUTS.get(site, "market1501") if real_layouts else "market1501"
@@ -91,6 +90,9 @@ def write_data(
 def _write_once(root: Path, params: dict, write) -> Path:
     """``write(root, params)`` unless ``root`` already holds exactly what the current generator
     writes with ``params`` (fingerprint of its source and the parameters); stale data is replaced."""
+    from common.datasets import layouts, synthetic
+    from common.datasets.fingerprint import data_fingerprint, is_current, mark_complete
+
     fp = data_fingerprint([synthetic, layouts], params)
     if not is_current(root, fp):
         shutil.rmtree(root, ignore_errors=True)

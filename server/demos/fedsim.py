@@ -25,7 +25,6 @@ import time
 from pathlib import Path
 
 from common.config.compose import compose_experiment
-from common.datasets import build_reader
 from server.demos.fedreid_demo import DEFAULT_SITES, summarize, target_domains, write_data
 from server.demos.options import add_federation_options, parse_demo_args
 from server.demos.worlds import POOLED, WORLDS, pool_sites, write_class_data
@@ -151,6 +150,8 @@ def write_world(a: argparse.Namespace, data_dir: Path) -> tuple[dict, dict, list
 def identity_census(sites: list[LocalSite]) -> int:
     """The training identities of every site, counted by the reader the site itself uses (what each
     site answers the FedAvg baseline's census with): the common head's size, one logit each."""
+    from common.datasets import build_reader
+
     return sum(build_reader(s.reader, s.data_root).splits.num_train_pids for s in sites)
 
 

@@ -16,9 +16,20 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from common.datasets.cifar import read_cifar10
-from common.datasets.class_world import pool_market_sites, split_classes, write_class_world
-from common.datasets.idx import read_fashion_mnist
+
+def read_fashion_mnist(root: str | Path) -> dict:
+    """common/datasets/idx.py's reader, imported when a world is written (fedsim's help loads no numpy)."""
+    from common.datasets.idx import read_fashion_mnist as read
+
+    return read(root)
+
+
+def read_cifar10(root: str | Path) -> dict:
+    """common/datasets/cifar.py's reader, imported when a world is written."""
+    from common.datasets.cifar import read_cifar10 as read
+
+    return read(root)
+
 
 CLASS_WORLDS = {"fashion-mnist": read_fashion_mnist, "cifar10": read_cifar10}
 WORLDS = ("reid", *CLASS_WORLDS)
@@ -41,6 +52,8 @@ def write_class_data(
 ) -> tuple[dict, dict]:
     """A classification set as sites + one held-out target (and, with ``seen_target``, a ``seen``
     target of the training classes' test images); returns (site -> (reader, root), target -> ...)."""
+    from common.datasets.class_world import split_classes, write_class_world
+
     if world not in CLASS_WORLDS:
         raise SystemExit(f"--world: expected one of {sorted(CLASS_WORLDS)}, found {world!r}")
     try:
@@ -69,6 +82,8 @@ def write_class_data(
 
 def pool_sites(data_dir: Path, roots: dict[str, tuple[str, Path]]) -> dict[str, tuple[str, Path]]:
     """{pooled: (market1501, folder)}: every site's training images in one site (Market-1501 layout)."""
+    from common.datasets.class_world import pool_market_sites
+
     readers = {r for r, _ in roots.values()}
     if readers != {"market1501"}:
         raise SystemExit(f"--pool-sites needs every site in the Market-1501 layout, found readers {sorted(readers)}")

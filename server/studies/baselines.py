@@ -18,8 +18,7 @@ import torch
 from torch import nn
 
 from common.config.experiment import ExperimentConfig
-
-BASELINE_LABELS = {"round0": "round 0 (the start)", "raw_pixels": "raw pixels"}
+from server.studies.baseline_names import check_baselines
 
 
 class RawPixels(nn.Module):
@@ -47,18 +46,7 @@ def raw_pixel_metrics(run_dir: Path, metrics: list[str]) -> dict[str, float]:
     return {m: float(found[m]) for m in metrics if m in found}
 
 
-BASELINES = {"round0": round0_metrics, "raw_pixels": raw_pixel_metrics}
-
-
-def check_baselines(study: dict) -> list[str]:
-    names = [str(b) for b in study.get("baselines", [])]
-    unknown = [b for b in names if b not in BASELINES]
-    if unknown:
-        raise SystemExit(f"fedstudy: unknown baseline(s) {unknown}; expected some of {sorted(BASELINES)}")
-    clash = [b for b in names if b in study["variants"]]
-    if clash:
-        raise SystemExit(f"fedstudy: baseline(s) {clash} have a variant's name; rename the variant")
-    return names
+BASELINES = {"round0": round0_metrics, "raw_pixels": raw_pixel_metrics}  # keys: baseline_names.BASELINE_LABELS
 
 
 def baseline_runs(study: dict, run_dirs: dict[int, Path], metrics: list[str]) -> dict[str, dict[int, dict]]:

@@ -59,6 +59,8 @@ from omegaconf import OmegaConf
 from common import processes
 from common.atomic_files import atomic_json_save
 from common.config.compose import REPO_ROOT, conf_dir
+from server.fedreid.pretrain_config import SourcePretraining
+from server.studies.baseline_names import check_baselines
 from server.studies.claims import check_claims
 from server.studies.results import curve, final_metrics, write_results
 
@@ -106,15 +108,11 @@ def load_study(name_or_path: str, overrides: list[str] | None = None) -> dict:
     study.setdefault("overrides", [])
     study["variants"] = {str(v): (spec or {}) for v, spec in study["variants"].items()}
     if study.get("pretrain") is not None:
-        from server.fedreid.source_pretrain import SourcePretraining  # the training's module (torch)
-
         try:
             SourcePretraining.from_dict(study["pretrain"])
         except (TypeError, ValueError) as e:
             raise SystemExit(f"fedstudy: {path} pretrain: {e}") from None
     if study.get("baselines"):
-        from server.studies.baselines import check_baselines  # the baselines' evaluation (torch)
-
         check_baselines(study)
     check_claims(study)  # a claim naming an unknown variant or metric is refused before any run
     return study
@@ -220,7 +218,7 @@ def pretrained_start(study: dict, out: Path) -> Path | None:
     source world, kept by its parameters' hash (server/fedreid/source_pretrain.py); None without one."""
     if study.get("pretrain") is None:
         return None
-    from server.fedreid.source_pretrain import SourcePretraining, cached_pretraining
+    from server.fedreid.source_pretrain import cached_pretraining  # the training (torch)
 
     cache = Path(fill(str(study.get("pretrain_cache", "{data}/pretrained")), {"data": str(out / "data")}))
     t0 = time.time()

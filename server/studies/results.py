@@ -16,8 +16,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from common.atomic_files import atomic_json_save, atomic_write_bytes
 from server.studies.claims import claim_rows, claims_markdown, plateau_markdown, plateau_rows
 
@@ -57,6 +55,8 @@ def curve(run_dir: str | Path, metric: str) -> dict[int, float]:
 def summarize(per_run: dict[str, dict[int, dict[str, float]]], metrics: list[str]) -> dict[str, dict[str, dict]]:
     """{variant: {seed: {metric: v}}} -> {variant: {metric: {mean, std, n, values}}}; std is the population
     standard deviation over seeds (0 for one seed); a metric no seed reported is left out."""
+    import numpy as np  # where results are summarised: fedstudy's help loads none
+
     out: dict[str, dict[str, dict]] = {}
     for variant, seeds in per_run.items():
         out[variant] = {}
@@ -159,6 +159,8 @@ def _plt():
 
 def plot_curves(path: Path, metric: str, per_variant: dict[str, list[dict[int, float]]]) -> Path:
     """``metric`` per round, one line per variant: the mean over seeds, shaded ±std."""
+    import numpy as np
+
     plt = _plt()
     fig, ax = plt.subplots(figsize=(6, 4))
     for variant, runs in per_variant.items():
@@ -182,6 +184,8 @@ def plot_curves(path: Path, metric: str, per_variant: dict[str, list[dict[int, f
 
 def plot_tradeoff(path: Path, spec: dict, summary: dict) -> Path:
     """A trade-off: each metric of ``spec['metrics']`` against the x value the study gives each variant."""
+    import numpy as np
+
     plt = _plt()
     points = {v: float(x) for v, x in spec["points"].items() if v in summary}
     fig, ax = plt.subplots(figsize=(6, 4))

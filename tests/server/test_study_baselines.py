@@ -11,7 +11,8 @@ from PIL import Image
 from common.config.experiment import ExperimentConfig
 from common.datasets import build_reader, transforms
 from common.datasets.synthetic import write_market_layout
-from server.studies.baselines import raw_pixel_metrics, round0_metrics
+from server.studies.baseline_names import BASELINE_LABELS, check_baselines
+from server.studies.baselines import BASELINES, raw_pixel_metrics, round0_metrics
 
 
 def _brute_force_r1(root) -> float:
@@ -52,3 +53,10 @@ def test_round0_is_the_first_evaluation_of_the_run(tmp_path):
     rows = [{"round": 0, "mean/R1": 0.1}, {"round": 1, "mean/R1": 0.5, "mean/mAP": 0.2}]
     (tmp_path / "metrics.json").write_text(json.dumps(rows))
     assert round0_metrics(tmp_path, ["mean/R1", "mean/mAP"]) == {"mean/R1": 0.1}
+
+
+def test_every_baseline_a_study_may_name_has_an_evaluation():
+    assert set(BASELINE_LABELS) == set(BASELINES)
+    assert check_baselines({"baselines": ["round0"], "variants": {"fedavg": {}}}) == ["round0"]
+    with pytest.raises(SystemExit, match=r"unknown baseline\(s\) \['nope'\]"):
+        check_baselines({"baselines": ["nope"], "variants": {}})
