@@ -60,7 +60,11 @@ def find_pid(marker: str, program: str) -> int | None:
             cmd = psutil.Process(pid).cmdline()
         except psutil.Error:
             continue
-        if any(part.endswith(program) for part in cmd[:2]):
+        # fedserver runs flower-superlink as `python -m server.deploy.control_guard ...`
+        if any(
+            part.endswith(program) or (program == "flower-superlink" and part == "server.deploy.control_guard")
+            for part in cmd[:3]
+        ):
             return pid
     return None
 

@@ -68,7 +68,8 @@ def pytest_sessionstart(session):
         while not stop.wait(LAUNCH_SAMPLE_S):
             for p in psutil.process_iter(["pid", "cmdline", "create_time"]):
                 cmd = p.info["cmdline"] or []
-                if any(a.endswith("flower-superlink") for a in cmd[:2]):
+                # flower-superlink, or fedserver's (python -m server.deploy.control_guard ...)
+                if any(a.endswith("flower-superlink") or a == "server.deploy.control_guard" for a in cmd[:3]):
                     seen.add((p.info["pid"], p.info["create_time"]))
 
     thread = threading.Thread(target=sample, daemon=True)

@@ -12,8 +12,10 @@ Two ways to register a site's public key (Flower node authentication):
 - at once, with a running SuperLink (``--superlink``): ``flwr supernode register`` against it.
   The SuperLink keeps its registry in memory, so this lasts until the coordinator stops.
 
-Every ``flwr`` CLI call runs with its own FLWR_HOME (a fresh temporary folder here) holding only
-the connection (address and CA path): no keys or tokens go into it.
+Every ``flwr`` CLI call runs with its own FLWR_HOME (a fresh temporary folder here, 0700) holding
+the connection (address and CA path) and, with ``--control-token RUN_DIR/control.token``, the running
+``fedserver``'s Control API token (server/deploy/control_guard.py): without it a running SuperLink
+answers 401.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from pathlib import Path
 
 from common import processes, security
 from common.coordinator_keys import ensure_coordinator_keys
+from server.deploy import control_guard
 
 CONNECTION = "fedreid"
 CLI_TIMEOUT_S = 60.0
@@ -117,12 +120,21 @@ def write_connection(
 
 
 @contextmanager
-def temporary_connection(address: str, root_certificates: str | None) -> Iterator[Path]:
+def temporary_connection(address: str, root_certificates: str | None, control_token: str | None) -> Iterator[Path]:
     if not root_certificates:
         raise SystemExit("fedserver: --superlink needs --root-certificates CA.crt (node authentication runs over TLS)")
+    token = None
+    if control_token:
+        try:
+            token = control_guard.read_token(Path(control_token).expanduser())
+        except (OSError, ValueError) as e:
+            raise SystemExit(f"fedserver: --control-token: {e}") from None
     home = Path(tempfile.mkdtemp(prefix="fedreid-flwr-home-"))
     try:
         write_connection(home, address, root_certificates)
+        if token is not None:
+            host, port = processes.split_address(address)
+            control_guard.write_cli_credentials(home, f"{processes.client_host(host)}:{port}", token)
         yield home
     finally:
         shutil.rmtree(home, ignore_errors=True)
@@ -228,6 +240,10 @@ def _registry_parser(prog: str, description: str) -> argparse.ArgumentParser:
     p.add_argument("--keys-dir", help="the coordinator's folder of registered site keys (superlink.site_keys)")
     p.add_argument("--superlink", help="address HOST:PORT of a running SuperLink to change at once")
     p.add_argument("--root-certificates", help="CA certificate (ca.crt) of that SuperLink")
+    p.add_argument(
+        "--control-token",
+        help="the running fedserver's RUN_DIR/control.token: its SuperLink's Control API answers only that token",
+    )
     return p
 
 
@@ -284,29 +300,36 @@ def register_site_main(argv: list[str]) -> int:
             f"superlink.node_auth=true superlink.site_keys={keys_dir})"
         )
     if a.superlink:
-        with temporary_connection(a.superlink, a.root_certificates) as home:
+        with temporary_connection(a.superlink, a.root_certificates, a.control_token) as home:
             node = register_key(Path(a.public_key), a.site, home)
         print(f"{prog}: site {a.site} key {fp} registered with the SuperLink at {a.superlink} as node {node}")
     return 0
 
 
-def list_nodes(address: str, root_certificates: str) -> list[dict]:
+def list_nodes(address: str, root_certificates: str, control_token: str | None = None) -> list[dict]:
     """Nodes known to a running SuperLink: node id, name, status, public-key fingerprint.
 
     ``flwr supernode list`` shows no names, so this asks the Control API in-process with the
     same client the CLI uses (flwr 1.42 internals; pinned in pyproject).
     """
     from cryptography.hazmat.primitives import serialization
+    from flwr.cli.auth_plugin import OidcCliPlugin
     from flwr.cli.flower_config import read_superlink_connection
     from flwr.cli.utils import init_http_client_from_connection
     from flwr.proto.control_pb2 import ListNodesRequest
+    from flwr.supercore.credential_store.file_credential_store import FileCredentialStore
 
-    with temporary_connection(address, root_certificates) as home:
+    with temporary_connection(address, root_certificates, control_token) as home:
         old = os.environ.get("FLWR_HOME")
         os.environ["FLWR_HOME"] = str(home)
         client = None
         try:
-            client = init_http_client_from_connection(read_superlink_connection(CONNECTION))
+            conn = read_superlink_connection(CONNECTION)
+            plugin = None
+            if control_token:  # the store's default file is fixed when Flower is imported: name this one
+                plugin = OidcCliPlugin(str(conn.address))
+                plugin.store = FileCredentialStore(home / "credentials.yaml")
+            client = init_http_client_from_connection(conn, auth_plugin=plugin)
             res = client.ListNodes(ListNodesRequest())
         finally:
             if client is not None:
@@ -355,7 +378,7 @@ def list_sites_main(argv: list[str]) -> int:
     if a.superlink:
         print(f"SuperLink {a.superlink}:")
         try:
-            nodes = list_nodes(a.superlink, a.root_certificates)
+            nodes = list_nodes(a.superlink, a.root_certificates, a.control_token)
         except Exception as e:  # noqa: BLE001 - httpx/click/Flower errors: one line, no traceback
             raise SystemExit(f"{prog}: could not list the SuperLink's nodes at {a.superlink}: {e}") from None
         for n in nodes:
@@ -391,14 +414,14 @@ def unregister_site_main(argv: list[str]) -> int:
         try:
             nodes = [
                 n
-                for n in list_nodes(a.superlink, a.root_certificates)
+                for n in list_nodes(a.superlink, a.root_certificates, a.control_token)
                 if n["site"] == a.site and n["status"] != "unregistered"
             ]
         except Exception as e:  # noqa: BLE001 - httpx/click/Flower errors: one line, no traceback
             raise SystemExit(f"{prog}: could not list the SuperLink's nodes at {a.superlink}: {e}") from None
         if not nodes:
             raise SystemExit(f"{prog}: the SuperLink at {a.superlink} has no registered node named {a.site}")
-        with temporary_connection(a.superlink, a.root_certificates) as home:
+        with temporary_connection(a.superlink, a.root_certificates, a.control_token) as home:
             for n in nodes:
                 r = flwr_cli(["supernode", "unregister", str(n["node_id"]), CONNECTION, "--format", "json"], home)
                 if r.returncode != 0 or not _last_json(r.stdout).get("success"):

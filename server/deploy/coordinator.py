@@ -24,7 +24,7 @@ from common.coordinator_keys import (
     load_coordinator_key,
     public_key_fingerprint,
 )
-from server.deploy import admin
+from server.deploy import admin, control_guard
 from server.deploy.app_folder import stage_app
 from server.deploy.front import FrontError, plan_front, start_front
 from server.deploy.nginx_config import FrontSpec
@@ -144,15 +144,17 @@ def _simulation_engine() -> Engine:
 ENGINES = {"deployment": DeploymentEngine, "simulation": _simulation_engine}
 
 
-def write_cli_config(flwr_home: Path, cfg: ExperimentConfig) -> str:
-    """The `flwr` CLI's connection to our SuperLink (``$FLWR_HOME/config.toml``)."""
+def write_cli_config(flwr_home: Path, cfg: ExperimentConfig, control_token: Path) -> str:
+    """The `flwr` CLI's connection to our SuperLink (``$FLWR_HOME/config.toml``), sending the
+    run's Control API token (``control_token``: ``$FLWR_HOME/credentials.yaml``, 0600)."""
     host, port = processes.split_address(cfg.superlink.address)
+    address = f"{processes.client_host(host)}:{port}"
     lines = [
         "[superlink]",
         'default = "fedreid"',
         "",
         "[superlink.fedreid]",
-        f'address = "{processes.client_host(host)}:{port}"',
+        f'address = "{address}"',
     ]
     if cfg.superlink.insecure:
         lines.append("insecure = true")
@@ -160,6 +162,7 @@ def write_cli_config(flwr_home: Path, cfg: ExperimentConfig) -> str:
         lines.append(f'root-certificates = "{Path(cfg.superlink.ca_cert).resolve()}"')
     flwr_home.mkdir(parents=True, exist_ok=True)
     (flwr_home / "config.toml").write_text("\n".join(lines) + "\n")
+    control_guard.write_cli_credentials(flwr_home, address, control_guard.read_token(control_token))
     return "fedreid"
 
 
@@ -245,8 +248,10 @@ def serve(
     `flwr run` and the engine's processes are stopped however it ends."""
     home = run_dir / "flwr_home"
     secret = superexec.write_secret(run_dir / superexec.SECRET_FILE)
+    # the Control API (flwr run/ls/stop) answers only this run's token: no other local user submits runs
+    token = control_guard.write_token(run_dir / control_guard.TOKEN_FILE)
     env = superlink_env(cfg, engine, run_dir, home / "superlink")
-    superlink = start_superlink(cfg, engine, run_dir, env, secret)
+    superlink = start_superlink(cfg, engine, run_dir, env, secret, control_token=token)
     runner = submit = nginx = None
     try:
         host, port = processes.split_address(cfg.superlink.address)
@@ -261,7 +266,7 @@ def serve(
         else:
             where = cfg.superlink.address
         print(f"fedserver: SuperLink listening on {where}; {engine.describe(cfg)}", flush=True)
-        conn = write_cli_config(home / "cli", cfg)
+        conn = write_cli_config(home / "cli", cfg, token)
         if register_keys:  # every start, a resume too: the SuperLink's state is always fresh
             ids = admin.register_site_keys(cfg.superlink.site_keys, home / "cli", conn)
             # the ServerApp names each node by its registered key, never by what the node claims
@@ -273,6 +278,7 @@ def serve(
         processes.stop_many([submit, nginx, runner, superlink], grace_s=10)
         engine.cleanup()
         secret.unlink(missing_ok=True)
+        token.unlink(missing_ok=True)
 
 
 def superlink_env(cfg: ExperimentConfig, engine: Engine, run_dir: Path, flwr_home: Path) -> dict[str, str]:
@@ -285,12 +291,14 @@ def superlink_env(cfg: ExperimentConfig, engine: Engine, run_dir: Path, flwr_hom
 
 
 def start_superlink(
-    cfg: ExperimentConfig, engine: Engine, run_dir: Path, env: dict[str, str], secret: Path
+    cfg: ExperimentConfig, engine: Engine, run_dir: Path, env: dict[str, str], secret: Path, *, control_token: Path
 ) -> subprocess.Popen:
     """The engine's SuperLink, its state in ``run_dir/superlink.db`` (superlink.persist_state; made
-    fresh by every start, a resume too: ``discard_superlink_state``) or in memory; it starts no ServerApp itself, and hands the ServerApp's task only to a holder of ``secret``."""
+    fresh by every start, a resume too: ``discard_superlink_state``) or in memory; it starts no ServerApp itself, and hands the ServerApp's task only to a holder of ``secret``. It runs through
+    ``server/deploy/control_guard.py``: its Control API answers only a holder of ``control_token``."""
     db_args = ["--database", str(run_dir / SUPERLINK_DB)] if cfg.superlink.persist_state else []
     cmd = engine.superlink_cmd(cfg) + db_args + superexec.isolation_args(secret)
+    cmd = control_guard.guarded_cmd(cmd, control_token)
     return processes.start(cmd, env, log_path=run_dir / "superlink.log")
 
 

@@ -70,7 +70,9 @@ def test_coordinator_superlink_and_superexec_share_the_secret(tmp_path, monkeypa
     )
     secret = superexec.write_secret(tmp_path / superexec.SECRET_FILE)
     env = coordinator.superlink_env(cfg, coordinator.DeploymentEngine(), tmp_path, tmp_path / "home")
-    coordinator.start_superlink(cfg, coordinator.DeploymentEngine(), tmp_path, env, secret)
+    coordinator.start_superlink(
+        cfg, coordinator.DeploymentEngine(), tmp_path, env, secret, control_token=tmp_path / "t"
+    )
     coordinator.start_superexec(cfg, tmp_path, env, secret)
     (link, link_env), (runner, runner_env) = started
     i = link.index("--isolation")

@@ -29,7 +29,9 @@ RSS_BOUND_MB = 30
 
 def superlink_pid(fedserver: psutil.Process) -> int:
     found = [
-        p.pid for p in fedserver.children(recursive=True) if any(w.endswith("flower-superlink") for w in p.cmdline())
+        p.pid
+        for p in fedserver.children(recursive=True)
+        if any(w.endswith("flower-superlink") or w == "server.deploy.control_guard" for w in p.cmdline())
     ]
     assert len(found) == 1, found
     return found[0]

@@ -59,6 +59,7 @@ def test_unregistered_and_unregistered_while_running_sites_exit_1_with_the_hint(
         assert (
             unregister_site_main(
                 ["--site", "market1501", "--superlink", address, "--root-certificates", str(fed.tls.ca_cert)]
+                + ["--control-token", str(fed.root / "run" / "control.token")]
             )
             == 0
         )

@@ -59,6 +59,7 @@ def test_registered_sites_train_and_unregistered_are_refused(tmp_path):
         # the operator's readiness check (docker/compose.yaml's healthcheck): all keys registered; a
         # folder that also holds cuhk03's key is not
         online = ["--superlink", address, "--root-certificates", str(fed.tls.ca_cert)]
+        online += ["--control-token", str(fed.root / "run" / "control.token")]  # the Control API's token
         assert list_sites_main(["--keys-dir", str(fed.registry), *online, "--check"]) == 0
         more = tmp_path / "registry_plus_cuhk03"
         for name in [*sites, "cuhk03"]:
