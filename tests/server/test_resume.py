@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-import common.checkpoint as ckpt_mod
+import common.atomic_files as atomic_files
 from client.fedreid.state import FEDREID_STATE, FedReIDSiteState
 from common.checkpoint import save_global_checkpoint, torch_load
 from common.config.compose import REPO_ROOT
@@ -141,7 +141,7 @@ def test_a_crash_while_writing_leaves_the_previous_checkpoint(tmp_path, monkeypa
     def crash(fd):
         raise OSError("disk gone (simulated crash)")
 
-    monkeypatch.setattr(ckpt_mod.os, "fsync", crash)
+    monkeypatch.setattr(atomic_files.os, "fsync", crash)  # checkpoints are written by common/atomic_files.py
     with pytest.raises(OSError, match="simulated"):
         save_server_checkpoint(path, _checkpoint(3, 9.0))
     assert load_server_checkpoint(path).round == 2
