@@ -3,11 +3,21 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
+from common.cli_errors import USAGE
 from common.config.compose import compose_experiment
 from server.strategy.secure_aggregation import describe, secagg_settings
-from tests.test_cli_errors import USAGE, _run
+
+FEDSIM = Path(sys.executable).with_name("fedsim")  # the installed console script
+
+
+def _fedsim(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([str(FEDSIM), *args], cwd=cwd, capture_output=True, text=True, timeout=180)
 
 
 @pytest.mark.parametrize(
@@ -18,7 +28,7 @@ from tests.test_cli_errors import USAGE, _run
     ],
 )
 def test_a_combination_that_needs_updates_in_the_clear_is_one_line_exit_2(tmp_path, overrides, expected):
-    r = _run("fedsim", "--out", str(tmp_path / "run"), "privacy=secagg", *overrides, cwd=tmp_path)
+    r = _fedsim("--out", str(tmp_path / "run"), "privacy=secagg", *overrides, cwd=tmp_path)
     assert r.returncode == USAGE, r.stderr
     assert r.stderr.splitlines() == [r.stderr.strip()], r.stderr  # exactly one line
     assert expected in r.stderr and "Traceback" not in r.stderr
