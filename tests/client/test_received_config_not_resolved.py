@@ -6,6 +6,7 @@ fixed reason with no value of the site's environment (common/config/run.py recei
 from __future__ import annotations
 
 import json
+import logging
 
 import pytest
 from flwr.app import RecordDict
@@ -41,8 +42,14 @@ def site_secret(monkeypatch):
 
 
 @pytest.mark.parametrize("case", range(4))
-def test_the_clientapp_refuses_an_interpolation_with_a_fixed_reason(case, capfd):
+def test_the_clientapp_refuses_an_interpolation_with_a_fixed_reason(case):
     experiment = json.dumps(_views()[case])
+    # the site's own log, read from its logger (whatever handlers an earlier test left on it)
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.DEBUG)
+    handler.emit = records.append
+    site_log = logging.getLogger("fedclient")
+    site_log.addHandler(handler)
     context = Context(
         run_id=1,
         node_id=7,
@@ -50,11 +57,14 @@ def test_the_clientapp_refuses_an_interpolation_with_a_fixed_reason(case, capfd)
         state=RecordDict(),
         run_config={RUN_CONFIG_KEY: experiment},
     )
-    with pytest.raises(ValueError) as e:  # Flower puts str(e) in the error reply to the coordinator
-        client_fn(context)
+    try:
+        with pytest.raises(ValueError) as e:  # Flower puts str(e) in the error reply to the coordinator
+            client_fn(context)
+    finally:
+        site_log.removeHandler(handler)
     assert str(e.value) == RECEIVED_CONFIG_REFUSED
     assert SECRET not in str(e.value) and SECRET not in repr(e.value.__cause__)
-    log = capfd.readouterr().err  # the site's own log names the key, never a resolved value
+    log = "\n".join(r.getMessage() for r in records)  # the site's own log names the key, never a resolved value
     assert SECRET not in log and "OmegaConf interpolation" in log
 
 
