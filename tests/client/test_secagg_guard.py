@@ -101,7 +101,7 @@ def refusal_lines(lines: list[str]) -> list[str]:
     return [line for line in lines if "refused SecAgg+ stage" in line]
 
 
-# --- the attack of issue 41 on one site, by hand -------------------------------------------------
+# --- a coordinator that crafts every stage to unmask one site, by hand ---
 
 
 def stage_message(configs: dict, content: RecordDict | None = None) -> Message:

@@ -311,7 +311,7 @@ def test_secure_aggregation_stages_pass_in_their_order_and_each_advances_the_led
     assert _ledger(tmp_path) == {"runs": [[77, 3, SETUP + 3]]}
 
 
-# ---- the replays of issue 41 item 8, through the site's real mod chain ----
+# ---- replayed and misdirected instructions, through the site's real mod chain ----
 
 
 class Site(NumPyClient):
