@@ -1,7 +1,7 @@
 """The site's mod acts only on the coordinator's signed, fresh instructions: an unsigned, forged,
 misaddressed or stale message gets an error reply and one log line, and neither the ClientApp nor the
 site's ledger sees it; a run the coordinator says it resumed may ask the round it lost again. The
-replays of issue 41 item 8 go through the site's real mod chain (``client/app.py`` SITE_MODS) with
+replayed and misdirected instructions go through the site's real mod chain (``client/app.py`` SITE_MODS) with
 Flower's Message API: another node's instruction, a secure-aggregation stage again, a captured round 1
 of another run, and a fit the secure-aggregation switch refused."""
 
