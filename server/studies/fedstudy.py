@@ -70,12 +70,15 @@ RUN_RECORD = "study_run.json"  # written by fedstudy when a run's command exited
 # The programs a study may run, by the ``command:`` of its file: this project's entry points, each
 # run as ``python -m MODULE`` with this interpreter. A study file names one ([-m, server.demos.fedsim]); a
 # `-c` string, a path, another module or an interpreter flag is refused before any run, so that
-# a study file handed over (or edited) runs nothing but these.
+# a study file handed over (or edited) runs nothing but these. `server.sim` is fedsim's module
+# name before the role folders: the frozen study files of conf/study/ name it, and a frozen file
+# is not edited (a change would be a new version of the study, docs/studies.md).
 ENTRY_POINTS: dict[str, tuple[str, ...]] = {
     "server.demos.fedsim": (
         "-m",
         "server.demos.fedsim",
     ),  # fedsim: the FedReID, FedFR (experiment=fedfr-demo) and FMNIST runs
+    "server.sim": ("-m", "server.demos.fedsim"),  # the same fedsim, under its earlier name
     "server.demos.fedfr_demo": (
         "-m",
         "server.demos.fedfr_demo",

@@ -3,6 +3,7 @@ and nothing in it is interpolated (``${...}``), checked before any run (server/s
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import textwrap
 
@@ -70,7 +71,15 @@ def test_todays_command_runs_the_entry_point_with_this_interpreter(tmp_path):
     study = load_study(_write(tmp_path, "[-m, server.demos.fedsim]"))
     cmd = run_command(study, "a", 0, tmp_path / "r", tmp_path / "d")
     assert cmd[1:3] == ["-m", "server.demos.fedsim"] and cmd[3:5] == ["--out", str(tmp_path / "r")]
-    assert set(ENTRY_POINTS) == {"server.demos.fedsim", "server.demos.fedfr_demo"}
+    assert set(ENTRY_POINTS) == {"server.demos.fedsim", "server.sim", "server.demos.fedfr_demo"}
+
+
+def test_the_earlier_name_of_fedsim_runs_todays_fedsim(tmp_path):
+    # the frozen study files name fedsim as `server.sim` (its module before the role folders)
+    study = load_study(_write(tmp_path, "[-m, server.sim]"))
+    cmd = run_command(study, "a", 0, tmp_path / "r", tmp_path / "d")
+    assert cmd[1:3] == ["-m", "server.demos.fedsim"]
+    assert importlib.util.find_spec("server.sim") is None  # an alias, not a module left behind
 
 
 @pytest.mark.parametrize(
