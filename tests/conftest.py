@@ -3,6 +3,7 @@ under tests/e2e/ (real processes) is marked ``e2e``, so that ``pytest -m "not e2
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -24,13 +25,20 @@ def face_world(tmp_path_factory) -> dict[str, Path]:
     return tiny_world(tmp_path_factory.mktemp("fedfr_world"), public=FEDFR_PUBLIC)
 
 
-@pytest.fixture(autouse=True)
-def coordinator_folder(tmp_path_factory, monkeypatch) -> Path:
-    """The default coordinator_state_dir (the runs' noise secrets, server/strategy/noise_secret.py) of the tests
-    run in this process: a temporary folder, never the developer's ~/.fedreid."""
+@pytest.fixture(scope="session", autouse=True)
+def coordinator_folder(tmp_path_factory) -> Path:
+    """The default coordinator_state_dir (the runs' noise secrets, server/strategy/noise_secret.py) of this
+    session and of every process it starts: a temporary folder, never the developer's ~/.fedreid."""
+    from server.strategy.noise_secret import FOLDER_ENV
+
     folder = tmp_path_factory.getbasetemp() / "coordinator"
-    monkeypatch.setattr("server.strategy.noise_secret.DEFAULT_FOLDER", str(folder))
-    return folder
+    before = os.environ.get(FOLDER_ENV)
+    os.environ[FOLDER_ENV] = str(folder)  # session scope: set before any module's federation starts
+    yield folder
+    if before is None:
+        os.environ.pop(FOLDER_ENV, None)
+    else:
+        os.environ[FOLDER_ENV] = before
 
 
 E2E = Path(__file__).resolve().parent / "e2e"

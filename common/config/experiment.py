@@ -235,8 +235,9 @@ class ExperimentConfig:
     superlink: SuperLinkConfig = field(default_factory=SuperLinkConfig)
     fedfr: FedFRConfig = field(default_factory=FedFRConfig)  # task: fedfr (Liu et al., AAAI 2022)
     engine: EngineConfig = field(default_factory=EngineConfig)  # deployment | simulation (Flower's runtimes)
-    # The coordinator's private folder (0700; "" = ~/.fedreid/coordinator): the runs' noise secrets,
-    # which a run folder must not hold (server/strategy/noise_secret.py). On resume it comes from the command line.
+    # The coordinator's private folder (0700; "" = $FEDREID_COORDINATOR_STATE_DIR, else ~/.fedreid/coordinator):
+    # the runs' noise secrets, which a run folder must not hold (server/strategy/noise_secret.py). On resume it
+    # comes from the command line.
     coordinator_state_dir: str = ""
     # Set by `fedserver resume=RUN_DIR` (server/deploy/resume.py), not by hand: the checkpoint the ServerApp
     # continues from (round k+1 onwards). Empty for a new run.

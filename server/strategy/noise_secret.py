@@ -4,7 +4,7 @@ The privacy noise (Eq. 14-15, client-level DP) is drawn from generators keyed by
 (``FedReIDStrategy._noise_rng``). Whoever chooses the secret knows the noise and can subtract it from
 the released models. A run folder is data that may be handed over, restored or shared
 (docs/security.md), so the secret is never read from it: it lives in the coordinator's own private
-folder (``coordinator_state_dir``, default ``~/.fedreid/coordinator``; 0700, one 0600 file per run,
+folder (``coordinator_state_dir``, default ``$FEDREID_COORDINATOR_STATE_DIR`` or ``~/.fedreid/coordinator``; 0700, one 0600 file per run,
 ``noise/<run id>``), and the checkpoint holds only the run id. On resume the secret is looked up by
 that id; a checkpoint naming a run this coordinator did not start is refused. A crafted checkpoint
 can therefore at most name another run of this coordinator, whose secret it does not know.
@@ -20,6 +20,9 @@ from pathlib import Path
 from common.private_folder import check_private, make_private
 
 DEFAULT_FOLDER = "~/.fedreid/coordinator"
+# the operator's environment may move the default (the test suite points it at a temporary folder);
+# it is read from this process's environment only, never from a run folder or a received config
+FOLDER_ENV = "FEDREID_COORDINATOR_STATE_DIR"
 _RUN_ID = re.compile(r"[0-9a-f]{32}")  # token_hex(16): also keeps the id a plain file name
 _SECRET = re.compile(r"[0-9a-f]{64}")  # token_hex(32)
 
@@ -29,7 +32,7 @@ class UnknownRunError(ValueError):
 
 
 def _folder(coordinator_state_dir: str) -> Path:
-    root = make_private(coordinator_state_dir or DEFAULT_FOLDER)
+    root = make_private(coordinator_state_dir or os.environ.get(FOLDER_ENV) or DEFAULT_FOLDER)
     check_private(root, "the coordinator's state folder (coordinator_state_dir)")
     noise = make_private(root / "noise")
     return check_private(noise, "the coordinator's noise-secret folder")

@@ -277,3 +277,16 @@ def test_the_site_view_keeps_what_the_simulation_engines_virtual_sites_need():
         "device": "cpu",
         "min-secure-aggregation-sites": "3",
     }
+
+
+def test_an_empty_state_dir_means_the_environments_folder_else_the_home_folder(tmp_path, monkeypatch):
+    from server.strategy import noise_secret
+
+    monkeypatch.setenv(noise_secret.FOLDER_ENV, str(tmp_path / "from-env"))
+    run_id, secret = noise_secret.new_run_secret("")
+    assert (tmp_path / "from-env" / "noise" / run_id).read_text() == secret
+    assert noise_secret.run_secret("", run_id) == secret
+    monkeypatch.delenv(noise_secret.FOLDER_ENV)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    run_id, secret = noise_secret.new_run_secret("")
+    assert (tmp_path / "home" / ".fedreid" / "coordinator" / "noise" / run_id).read_text() == secret
