@@ -6,7 +6,8 @@ of 4 images per site, no local expert, no evaluation), ``fedsim`` on this machin
 
 - ``dep4`` / ``dep10``: the deployment runtime at 4 / 10 sites (a SuperNode and a site process per
   site, signed instructions); the sites are site01..siteNN, configured in a temporary copy of
-  ``conf/`` (``FEDREID_CONF``) with one ``conf/site/<name>.yaml`` each;
+  ``conf/`` (``FEDREID_CONF``) with one ``conf/site/<name>.yaml`` each; in the secure run every site
+  sets ``require_secure_aggregation`` and so checks each SecAgg+ stage before it answers;
 - ``sim40``: the simulation engine at 40 virtual sites, with ``privacy.secagg_shares=5`` (each site
   shares its keys with 5 neighbours: the mask work grows linearly with the sites, not with their
   square; docs/privacy.md); ``sim10``: 10 virtual sites, the defaults;
@@ -58,15 +59,17 @@ def site_names(n: int) -> list[str]:
     return [f"site{i:02d}" for i in range(1, n + 1)]
 
 
-def conf_with_sites(root: Path, names: list[str]) -> Path:
+def conf_with_sites(root: Path, names: list[str], require_secure: bool) -> Path:
     """A copy of the repository's conf/ with a site config for each name (fedsim passes each site's
-    data folder and reader on the command line; the yaml only has to exist)."""
+    data folder and reader on the command line; the yaml only has to exist). ``require_secure``: every
+    site sets ``require_secure_aggregation`` (its checks of each SecAgg+ stage, client/flower/secagg_guard*.py)."""
     conf = root / "conf"
     if not conf.is_dir():
         shutil.copytree(REPO / "conf", conf)
+    switch = "require_secure_aggregation: true\n" if require_secure else ""
     for name in names:
         (conf / "site" / f"{name}.yaml").write_text(
-            f"name: {name}\nreader: market1501\ndata_root: {root / 'data' / name}\n"
+            f"name: {name}\nreader: market1501\ndata_root: {root / 'data' / name}\n{switch}"
         )
     return conf
 
@@ -78,7 +81,7 @@ def one_run(
     names = site_names(sites)
     env = dict(os.environ)
     if engine == "deployment":  # named sites, each a conf/site/<name>.yaml for fedclient
-        env["FEDREID_CONF"] = str(conf_with_sites(out.parent, names))
+        env["FEDREID_CONF"] = str(conf_with_sites(out.parent / f"{out.name}-conf", names, secure is not None))
         site_args = ["--sites", *names]
     else:
         site_args = ["--sites", str(sites)]

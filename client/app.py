@@ -50,6 +50,11 @@ class _VirtualSitesOnFirstUse:
             self._sites = VirtualSites(_build_site)
         return self._sites.site(experiment, node_config)
 
+    def close(self) -> None:
+        """Drop every virtual site served so far (a process that serves run after run)."""
+        if self._sites is not None:
+            self._sites.close()
+
 
 # the virtual sites this process (a Ray worker of the simulation engine) has served in the current run
 VIRTUAL_SITES = _VirtualSitesOnFirstUse()

@@ -1,5 +1,5 @@
 """Demo data is reused only when the current generator wrote it with the same parameters
-(common.datasets.fingerprint); the demo run twice is in tests/e2e/test_demo_determinism.py."""
+(common.datasets.fingerprint); the demo run twice is in tests/whole_runs/test_demo_determinism.py."""
 
 from __future__ import annotations
 

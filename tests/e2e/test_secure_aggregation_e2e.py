@@ -1,6 +1,6 @@
 """Secure aggregation end to end (privacy=secagg): four real sites on the deployment runtime (fedserver,
 SuperLink, SuperNodes, site processes on loopback, instructions signed). The simulation engine and
-FedFR: tests/e2e/test_privacy_matrix_e2e.py.
+FedFR: tests/whole_runs/test_privacy_matrix.py.
 
 The plain aggregate is computed here from what each site trained (its state file holds its model
 after the round; every site received the same global model), and the coordinator's released model

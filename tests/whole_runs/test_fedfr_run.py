@@ -1,7 +1,7 @@
-"""End to end: pre-training, a real SuperLink + 2 real FedFR sites for 1 round, then the evaluation."""
+"""A whole FedFR run in this process (tests/inprocess.py): pre-training, 2 virtual sites for 1 round through the
+ServerApp and ClientApp, then the evaluation."""
 
 import json
-import time
 from pathlib import Path
 
 import numpy as np
@@ -13,11 +13,9 @@ from common.checkpoint import torch_load
 from common.config.experiment import ExperimentConfig
 from common.datasets.face_folder import FaceSite
 from common.models.fedfr import fedfr_model
-from tests.federation import tiny_fedfr_demo
+from tests.federation import SIMULATION, tiny_fedfr_demo
 from tests.fedfr_brute_force import brute_force_model
-from tests.procutil import processes_mentioning, run_to_end
-
-REPO = Path(__file__).resolve().parents[2]
+from tests.inprocess import run_inprocess
 
 
 @pytest.mark.timeout(600)
@@ -28,8 +26,7 @@ def test_fedfr_two_sites_one_round(tmp_path):
     out.mkdir()
     (out / "status.json").write_text(json.dumps({"status": "completed", "rounds": 4}))
     (out / "global_latest.pt").write_bytes(b"an earlier run's checkpoint")
-    cmd = tiny_fedfr_demo(out)
-    code, output = run_to_end(cmd, cwd=REPO, marker=str(tmp_path), timeout_s=540)
+    code, output = run_inprocess([*tiny_fedfr_demo(out), *SIMULATION])
     assert code == 0, output[-4000:]
     pre = torch_load(out / "pretrained.pt")
     assert pre["public_proxies"].shape == (6, 16) and len(pre["public_identities"]) == 6
@@ -55,13 +52,10 @@ def test_fedfr_two_sites_one_round(tmp_path):
         assert (out / name).stat().st_size > 100
     assert "Personalised protocol" in output and "[round 1/1]" in output
     check_site_figures(out, r, report)
-    time.sleep(1)
-    assert processes_mentioning(str(tmp_path)) == [], "processes left behind"
 
 
 def check_site_figures(out: Path, row: dict, report: dict) -> None:
-    """Each site scored its models in Flower's evaluate round (its own process, its own data and
-    state); what reached the coordinator equals a brute-force computation on that site's data and
+    """Each site scored its models in Flower's evaluate round (its own data and state); what reached the coordinator equals a brute-force computation on that site's data and
     models, and is what the evaluation reports."""
     cfg = ExperimentConfig.from_dict(json.loads((out / "config.json").read_text()))
     f = cfg.fedfr

@@ -1,17 +1,36 @@
-"""A tiny real study on the simulation engine (the study runner with a stand-in: tests/server/test_study.py)."""
+"""A tiny real study, each of its runs a whole fedsim run in this process (tests/inprocess.py; fedstudy's
+own subprocess per run, with a stand-in command: tests/server/test_study.py)."""
 
 from __future__ import annotations
 
 import json
 import textwrap
+import time
+from pathlib import Path
 
 import numpy as np
 
-from server.studies.fedstudy import main
+from common.atomic_files import atomic_json_save
+from server.studies import fedstudy
+from tests.inprocess import run_inprocess
 
 
-def test_a_tiny_real_study_on_the_simulation_engine(tmp_path):
-    """2 variants x 1 seed x 1 round of real fedsim runs (Ray) on a tiny IDX class world the test writes."""
+def run_here(cmd: list[str], run_dir: Path, timeout_s: float) -> tuple[int, float]:
+    """fedstudy.run_once for this process: the run's command run in-process, its output in the run's log."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    t0 = time.time()
+    code, output = run_inprocess(cmd)
+    (run_dir / "study_run.log").write_text(output)
+    if code == 0:
+        atomic_json_save(
+            {"exit": 0, "seconds": round(time.time() - t0, 1), "command": cmd}, run_dir / fedstudy.RUN_RECORD
+        )
+    return code, time.time() - t0
+
+
+def test_a_tiny_real_study(tmp_path, monkeypatch):
+    """2 variants x 1 seed x 1 round of whole fedsim runs on a tiny IDX class world the test writes."""
+    monkeypatch.setattr(fedstudy, "run_once", run_here)
     from common.datasets.idx import write_idx
 
     rng = np.random.default_rng(0)
@@ -38,7 +57,7 @@ def test_a_tiny_real_study_on_the_simulation_engine(tmp_path):
     """)
     )
     out = tmp_path / "study"
-    main([str(tmp_path / "s.yaml"), "--out", str(out), "--timeout", "900"])
+    fedstudy.main([str(tmp_path / "s.yaml"), "--out", str(out), "--timeout", "900"])
     res = json.loads((out / "results.json").read_text())
     for variant in ("fedreid", "local"):
         rows = json.loads((out / "runs" / variant / "seed0" / "metrics.json").read_text())

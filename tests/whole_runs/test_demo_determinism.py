@@ -1,4 +1,4 @@
-"""The demo gives the same numbers every time: synthetic data is reused only when the current
+"""The demo gives the same numbers every time, its runs in this process (tests/inprocess.py): synthetic data is reused only when the current
 generator wrote it with the same parameters, sites start without an earlier run's state, and the
 coordinator's evaluation does not depend on the machine's thread count."""
 
@@ -6,18 +6,15 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from tests.federation import run_with_threads
-from tests.procutil import processes_mentioning
-
-REPO = Path(__file__).resolve().parents[2]
+from tests.federation import SIMULATION
+from tests.inprocess import run_inprocess, torch_threads
 
 
-def _demo(out: Path, threads: str, tmp_path: Path) -> list[dict]:
+def _demo(out: Path, threads: int) -> list[dict]:
     cmd = [
         sys.executable,
         "-m",
@@ -42,9 +39,10 @@ def _demo(out: Path, threads: str, tmp_path: Path) -> list[dict]:
         "train.max_steps_per_epoch=2",
         "wait_for_sites_s=300",
         "round_timeout_s=400",
+        *SIMULATION,
     ]
-    # bounded, generous under load
-    code, output = run_with_threads(cmd, threads, cwd=REPO, marker=str(tmp_path), timeout_s=900)
+    with torch_threads(threads):
+        code, output = run_inprocess(cmd)
     assert code == 0, output[-4000:]
     return json.loads((out / "metrics.json").read_text())
 
@@ -65,12 +63,8 @@ def test_the_demo_run_twice_in_the_same_folder_gives_identical_metrics(tmp_path)
     """Two runs of the demo's training (2 sites, 1 round, tiny), the second in the folder the first
     left (its data, site states and outputs) and with another thread count: identical numbers."""
     out = tmp_path / "demo"
-    try:
-        first = _numbers(_demo(out, "1", tmp_path))
-        second = _numbers(_demo(out, "2", tmp_path))
-    finally:
-        time.sleep(1)
-        assert processes_mentioning(str(tmp_path)) == [], "processes left behind"
+    first = _numbers(_demo(out, 1))
+    second = _numbers(_demo(out, 2))
     assert [len(r) for r in first] == [len(r) for r in second] and len(first) == 2
     assert "mean/R1" in first[0] and "market1501/loss" in first[1]
     assert first == second  # bit for bit: every metric of every round, every site's losses

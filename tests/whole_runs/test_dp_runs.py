@@ -1,17 +1,14 @@
-"""End to end with client-level DP (privacy=dp): a FedReID run on real processes that privacy.max_epsilon
-stops before the round that would cross it, and a FedFR round; clipping and epsilon read from metrics.json."""
+"""Client-level DP (privacy=dp) through whole runs, the ServerApp and ClientApp in this process
+(tests/inprocess.py): a FedReID run that privacy.max_epsilon stops before the round that would cross it,
+and a FedFR round at a target epsilon; clipping and epsilon read from metrics.json."""
 
 import json
-import time
-from pathlib import Path
 
 import pytest
 
 from common.dp_accountant import default_delta, epsilon_spent
-from tests.federation import tiny_fedfr_demo, tiny_fedsim
-from tests.procutil import processes_mentioning, run_to_end
-
-REPO = Path(__file__).resolve().parents[2]
+from tests.federation import SIMULATION, tiny_fedfr_demo, tiny_fedsim
+from tests.inprocess import run_inprocess
 
 
 @pytest.mark.timeout(600)
@@ -20,8 +17,9 @@ def test_fedreid_with_dp_stops_at_max_epsilon(tmp_path):
     delta = default_delta(8)  # 2 sites x 4 identities
     eps = [epsilon_spent(sample_rate=1.0, noise_multiplier=1.0, rounds=r, delta=delta) for r in range(4)]
     dp = ["privacy=dp", "privacy.identities=8", "privacy.noise_multiplier=1.0", "privacy.clip_norm=0.05"]
-    cmd = tiny_fedsim(out, ["rounds=3", *dp, f"privacy.max_epsilon={(eps[2] + eps[3]) / 2}"])
-    code, output = run_to_end(cmd, cwd=REPO, marker=str(tmp_path), timeout_s=480)
+    code, output = run_inprocess(
+        tiny_fedsim(out, [*SIMULATION, "rounds=3", *dp, f"privacy.max_epsilon={(eps[2] + eps[3]) / 2}"])
+    )
     assert code == 0, output[-4000:]
     assert "privacy.max_epsilon" in output and "stops after round 2 of 3" in output
     rows = json.loads((out / "metrics.json").read_text())
@@ -36,16 +34,13 @@ def test_fedreid_with_dp_stops_at_max_epsilon(tmp_path):
     status = json.loads((out / "status.json").read_text())
     assert status == {"status": "completed", "rounds": 2, "planned_rounds": 3, "stopped_by": "privacy.max_epsilon"}
     assert (out / "global_final.pt").is_file()
-    time.sleep(1)
-    assert processes_mentioning(str(tmp_path)) == [], "processes left behind"
 
 
 @pytest.mark.timeout(600)
 def test_fedfr_round_with_dp(tmp_path):
     out = tmp_path / "run"
     dp = ["privacy=dp", "privacy.target_epsilon=5", "privacy.delta=1e-3", "privacy.clip_norm=0.05"]
-    cmd = [*tiny_fedfr_demo(out), *dp]
-    code, output = run_to_end(cmd, cwd=REPO, marker=str(tmp_path), timeout_s=540)
+    code, output = run_inprocess([*tiny_fedfr_demo(out), *SIMULATION, *dp])
     assert code == 0, output[-4000:]
     rows = json.loads((out / "metrics.json").read_text())
     assert [r["round"] for r in rows] == [0, 1]
@@ -54,5 +49,3 @@ def test_fedfr_round_with_dp(tmp_path):
     assert r["dp_epsilon"] == pytest.approx(5.0, abs=1e-3)  # z solved so that the one planned round spends 5
     assert set(r["clipped"]) == {"face1", "face2"} and r["norm_limit"] == 0.05
     assert json.loads((out / "status.json").read_text())["status"] == "completed"
-    time.sleep(1)
-    assert processes_mentioning(str(tmp_path)) == [], "processes left behind"

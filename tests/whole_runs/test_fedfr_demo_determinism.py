@@ -1,5 +1,5 @@
 """The FedFR demo gives the same numbers every time (as the FedReID demo does in
-test_demo_determinism.py): the faces are reused only when the current generator wrote them with the
+test_demo_determinism.py), its runs in this process (tests/inprocess.py): the faces are reused only when the current generator wrote them with the
 same parameters, sites start without an earlier run's state (DFC layer, W_l, previous model), and
 pre-training, the rounds and the evaluation do not depend on the machine's thread count."""
 
@@ -7,21 +7,20 @@ from __future__ import annotations
 
 import json
 import re
-import time
 from pathlib import Path
 
 import pytest
 
-from tests.federation import run_with_threads, tiny_fedfr_demo
-from tests.procutil import processes_mentioning
+from tests.federation import SIMULATION, tiny_fedfr_demo
+from tests.inprocess import run_inprocess, torch_threads
 
-REPO = Path(__file__).resolve().parents[2]
 # what legitimately differs between two runs: clocks, memory, process ids
 _VARIES = re.compile(r"(time|seconds|wall|_s$|rss|memory|pid)", re.IGNORECASE)
 
 
-def _demo(out: Path, threads: str, tmp_path: Path) -> tuple[list, dict]:
-    code, output = run_with_threads(tiny_fedfr_demo(out), threads, cwd=REPO, marker=str(tmp_path), timeout_s=540)
+def _demo(out: Path, threads: int) -> tuple[list, dict]:
+    with torch_threads(threads):
+        code, output = run_inprocess([*tiny_fedfr_demo(out), *SIMULATION])
     assert code == 0, output[-4000:]
     return json.loads((out / "metrics.json").read_text()), json.loads((out / "fedfr_eval.json").read_text())
 
@@ -40,12 +39,8 @@ def test_the_fedfr_demo_run_twice_in_the_same_folder_gives_identical_numbers(tmp
     """Two runs (2 sites, 1 round, tiny), the second in the folder the first left (its faces, site
     states, pre-trained model and outputs) and at another thread count: identical numbers."""
     out = tmp_path / "fedfr-demo"
-    try:
-        rows1, eval1 = _demo(out, "1", tmp_path)
-        rows2, eval2 = _demo(out, "2", tmp_path)
-    finally:
-        time.sleep(1)
-        assert processes_mentioning(str(tmp_path)) == [], "processes left behind"
+    rows1, eval1 = _demo(out, 1)
+    rows2, eval2 = _demo(out, 2)
     assert [r["round"] for r in rows1] == [0, 1] and rows1[1]["replied"] == 2
     assert "FedFR Theta_g" in eval1["generic"] and "personalised [Theta_l, Pi_l]" in eval1["personalised"]
     assert any("loss" in k for k in rows1[1]["sites"]["face1"])  # the sites' losses are compared too
