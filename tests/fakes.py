@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import copy
 import os
 import re
 import signal
@@ -14,6 +15,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -25,11 +27,13 @@ from flwr.common import (
     ConfigRecord,
     FitRes,
     GetPropertiesRes,
+    Message,
     Parameters,
     Status,
     ndarrays_to_parameters,
     parameters_to_ndarrays,
 )
+from flwr.server import Grid
 from flwr.server.client_manager import SimpleClientManager
 from flwr.server.client_proxy import ClientProxy
 
@@ -523,3 +527,42 @@ def assert_no_secrets(folder: Path, fragments: list[str], skip: set[Path]) -> No
         flat = "".join(text.split())
         leaked = [x for x in fragments if x in flat]
         assert not leaked, f"{f} holds private key material"
+
+
+class LoopbackGrid(Grid):
+    """A Flower ``Grid`` whose nodes are ClientApps in this process: each message is handed to its
+    node's app (``apps``) with that node's ``Context`` (``contexts``, kept across messages: SecAgg+ keeps
+    its stage state there), as a copy, the way a transport delivers it (a workflow sends one content
+    object to every node). Subclasses change what is delivered (``send_and_receive`` over ``deliver``)."""
+
+    run_id = 1
+
+    def __init__(self, apps: dict, contexts: dict) -> None:
+        self.apps, self.contexts = apps, contexts
+
+    def set_run(self, run_id: int) -> None:
+        pass
+
+    @property
+    def run(self):
+        return SimpleNamespace(run_id=self.run_id)
+
+    def create_message(self, content, message_type, dst_node_id, group_id, ttl=None):
+        return Message(content=content, dst_node_id=dst_node_id, message_type=message_type, group_id=group_id, ttl=ttl)
+
+    def get_node_ids(self):
+        return list(self.contexts)
+
+    def push_messages(self, messages):
+        raise NotImplementedError("a loopback grid delivers through send_and_receive")
+
+    def pull_messages(self, message_ids):
+        raise NotImplementedError("a loopback grid delivers through send_and_receive")
+
+    def deliver(self, message):
+        """The reply of the destination node's ClientApp to a copy of ``message``."""
+        nid = message.metadata.dst_node_id
+        return self.apps[nid](copy.deepcopy(message), self.contexts[nid])
+
+    def send_and_receive(self, messages, *, timeout=None):
+        return [self.deliver(m) for m in messages]

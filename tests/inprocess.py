@@ -18,17 +18,16 @@ real-process tests.
 from __future__ import annotations
 
 import contextlib
-import copy
 import importlib
 import io
 import os
 import signal
 import threading
 from pathlib import Path
-from types import SimpleNamespace
 
 from flwr.common import Context, Error, Message, RecordDict
-from flwr.server import Grid
+
+from tests.fakes import LoopbackGrid
 
 RUN_ID = 1
 # the grid of the latest run made in this process: what each virtual site was handed
@@ -49,57 +48,38 @@ def set_task_identity() -> None:
     TaskIdentity.node_id = SUPERLINK_NODE_ID
 
 
-class InProcessGrid(Grid):
-    """A Flower ``Grid`` whose nodes are the virtual sites of one run, each message handled by
-    ``client_app`` in this process with that site's ``Context`` (kept for the run: SecAgg+ keeps
-    its stage state there). Messages are handled one at a time, in the order sent."""
+class InProcessGrid(LoopbackGrid):
+    """The nodes of one run's virtual sites, each message handled by ``client_app`` in this process
+    with that site's ``Context`` (node config: its partition id, as Flower's simulation engine gives
+    it). Messages are handled one at a time, in the order sent; a ClientApp's exception comes back as
+    Flower's error reply, as a Flower runtime returns it."""
+
+    run_id = RUN_ID
 
     def __init__(self, client_app, num_sites: int, run_config: dict) -> None:
-        self.client_app = client_app
-        self.run_config = dict(run_config)
-        self.contexts = {
-            FIRST_NODE_ID + i: Context(
+        nids = [FIRST_NODE_ID + i for i in range(num_sites)]
+        contexts = {
+            nid: Context(
                 run_id=RUN_ID,
-                node_id=FIRST_NODE_ID + i,
+                node_id=nid,
                 node_config={"partition-id": i, "num-partitions": num_sites},
                 state=RecordDict(),
                 run_config=dict(run_config),
             )
-            for i in range(num_sites)
+            for i, nid in enumerate(nids)
         }
+        super().__init__(dict.fromkeys(nids, client_app), contexts)
         self.lock = threading.Lock()  # Flower's legacy round loop sends from one thread per site
         self.delivered: list = []  # (node id, message type) of every message handled
-
-    # ---- Flower's Grid ----
-    def set_run(self, run_id: int) -> None:
-        pass
-
-    @property
-    def run(self):
-        return SimpleNamespace(run_id=RUN_ID)
-
-    def create_message(self, content, message_type, dst_node_id, group_id, ttl=None):
-        return Message(content=content, dst_node_id=dst_node_id, message_type=message_type, group_id=group_id, ttl=ttl)
-
-    def get_node_ids(self):
-        return list(self.contexts)
-
-    def push_messages(self, messages):
-        raise NotImplementedError("InProcessGrid delivers through send_and_receive")
-
-    def pull_messages(self, message_ids):
-        raise NotImplementedError("InProcessGrid delivers through send_and_receive")
 
     def send_and_receive(self, messages, *, timeout=None):
         replies = []
         with self.lock:
             for m in list(messages):
-                nid = m.metadata.dst_node_id
-                self.delivered.append((nid, m.metadata.message_type))
-                m = copy.deepcopy(m)  # as a transport delivers it: a workflow sends one content to many nodes
+                self.delivered.append((m.metadata.dst_node_id, m.metadata.message_type))
                 try:
-                    replies.append(self.client_app(m, self.contexts[nid]))
-                except Exception as e:  # Flower's runtime returns the ClientApp's failure as an error reply
+                    replies.append(self.deliver(m))
+                except Exception as e:  # what a Flower runtime returns for a failed ClientApp
                     replies.append(Message(Error(code=0, reason=f"{type(e).__name__}: {e}"), reply_to=m))
         return replies
 

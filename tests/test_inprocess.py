@@ -22,9 +22,11 @@ def test_the_task_identity_flower_reads_when_building_a_message():
     assert (m.metadata.run_id, m.metadata.src_node_id, m.metadata.dst_node_id) == (RUN_ID, SUPERLINK_NODE_ID, 7)
 
 
-def test_the_grid_implements_every_abstract_method_of_flowers():
-    assert not inspect.isabstract(InProcessGrid)
-    assert set(Grid.__abstractmethods__) <= set(vars(InProcessGrid))
+def test_the_grids_implement_every_abstract_method_of_flowers():
+    from tests.fakes import LoopbackGrid
+
+    assert not inspect.isabstract(InProcessGrid) and issubclass(InProcessGrid, LoopbackGrid)
+    assert set(Grid.__abstractmethods__) <= set(vars(LoopbackGrid))
 
 
 SITE = ClientApp()

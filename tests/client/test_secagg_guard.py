@@ -11,7 +11,6 @@ from __future__ import annotations
 import copy
 import json
 import logging
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -23,7 +22,7 @@ from flwr.common.secure_aggregation.ndarrays_arithmetic import factor_extract, p
 from flwr.common.secure_aggregation.quantization import dequantize
 from flwr.common.secure_aggregation.secaggplus_utils import pseudo_rand_gen
 from flwr.compat.common import recorddict_compat
-from flwr.server import Grid, LegacyContext, ServerConfig
+from flwr.server import LegacyContext, ServerConfig
 from flwr.server.client_manager import SimpleClientManager
 from flwr.server.strategy import FedAvg
 
@@ -34,6 +33,7 @@ from client.flower.secure_aggregation_mod import secure_aggregation_mod, secure_
 from common.config.experiment import PrivacyConfig
 from common.config.run import RUN_CONFIG_KEY
 from server.strategy.secure_aggregation import SecAggSettings
+from tests import fakes
 
 R, Q, M = 8.0, 2**22, 2**32  # clipping range, quantisation levels, mask modulus (the project's defaults)
 DEFAULTS = PrivacyConfig()  # the coordinator's default shares (all sites) and threshold (0.67 of them)
@@ -175,35 +175,17 @@ def test_a_malformed_setup_is_refused_with_a_fixed_text(lines):
 # --- Flower's SecAggPlusWorkflow through a loopback Grid that can rewrite one site's stage ---------
 
 
-class LoopbackGrid(Grid):
+class LoopbackGrid(fakes.LoopbackGrid):
     """Delivers each message to its node's ClientApp in this process, after ``tamper(stage, message)``
     (the crafting coordinator) for the target; a node in ``dead_after`` answers nothing once that many
     SecAgg+ stages have run. Keeps every reply the coordinator received."""
 
     def __init__(self, apps: dict[int, ClientApp], contexts: dict[int, Context], tamper=None, dead_after=None):
-        self.apps, self.contexts, self.tamper = apps, contexts, tamper
+        super().__init__(apps, contexts)
+        self.tamper = tamper
         self.dead_after = dead_after or {}
         self.stages = 0
         self.replies: dict[int, list[tuple[str, Message]]] = {nid: [] for nid in apps}
-
-    def set_run(self, run) -> None:
-        pass
-
-    @property
-    def run(self):
-        return SimpleNamespace(run_id=1)
-
-    def create_message(self, *args, **kwargs):
-        raise NotImplementedError
-
-    def get_node_ids(self):
-        return list(self.apps)
-
-    def push_messages(self, messages):
-        raise NotImplementedError
-
-    def pull_messages(self, message_ids):
-        raise NotImplementedError
 
     def send_and_receive(self, messages, *, timeout=None):
         out = []

@@ -11,7 +11,6 @@ import copy
 import json
 import logging
 import time
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -20,7 +19,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, Message
 from flwr.client import ClientApp, NumPyClient
 from flwr.common import FitIns, ndarrays_to_parameters, parameters_to_ndarrays
 from flwr.compat.common import recorddict_compat
-from flwr.server import Grid, LegacyContext, ServerConfig
+from flwr.server import LegacyContext, ServerConfig
 from flwr.server.client_manager import SimpleClientManager
 from flwr.server.strategy import FedAvg
 
@@ -41,6 +40,7 @@ from client.flower.signed_instructions_mod import signed_instructions_mod
 from common.instruction_signature import NOT_RESUMED, ensure_coordinator_keys, load_coordinator_key, sign_message
 from server.flower.signing_grid import SigningGrid
 from server.strategy.secure_aggregation import SecAggSettings
+from tests import fakes
 
 NONE = NOT_RESUMED
 
@@ -407,35 +407,8 @@ def test_a_captured_round_1_of_another_run_does_not_knock_out_the_live_run(tmp_p
     assert _ledger(tmp_path) == {"runs": [[99, 1, FIT_STEP], [77, 4, FIT_STEP]]}
 
 
-class LoopbackGrid(Grid):
-    """Delivers each message to its node's ClientApp in this process, as a transport would (a copy)."""
-
-    def __init__(self, apps: dict[int, ClientApp], contexts: dict[int, Context]):
-        self.apps, self.contexts = apps, contexts
-
-    def set_run(self, run) -> None:
-        pass
-
-    @property
-    def run(self):
-        return SimpleNamespace(run_id=77)
-
-    def create_message(self, *args, **kwargs):
-        raise NotImplementedError
-
-    def get_node_ids(self):
-        return list(self.apps)
-
-    def push_messages(self, messages):
-        raise NotImplementedError
-
-    def pull_messages(self, message_ids):
-        raise NotImplementedError
-
-    def send_and_receive(self, messages, *, timeout=None):
-        return [
-            self.apps[m.metadata.dst_node_id](copy.deepcopy(m), self.contexts[m.metadata.dst_node_id]) for m in messages
-        ]
+class LoopbackGrid(fakes.LoopbackGrid):
+    run_id = 77  # the run the sites' ledgers record
 
 
 def test_a_fit_refused_by_the_secure_aggregation_switch_leaves_the_ledger_for_the_rounds_retry(

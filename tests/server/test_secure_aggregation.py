@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import copy
 import logging
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
 from flwr.app import Context, Message, MessageType, RecordDict
 from flwr.client import ClientApp, NumPyClient
 from flwr.common import bytes_to_ndarray, parameters_to_ndarrays
-from flwr.server import Grid, LegacyContext, ServerConfig
+from flwr.server import LegacyContext, ServerConfig
 from flwr.server.client_manager import SimpleClientManager
 
 from client.flower.secagg_flower import SECAGG_RECORD
@@ -29,6 +28,7 @@ from server.strategy.aggregate import capped_weights
 from server.strategy.base import FedReIDStrategy
 from server.strategy.secure_aggregation import SecAggSettings
 from server.strategy.settings import StrategySettings
+from tests import fakes
 from tests.fakes import MAN, STRATEGY_SITES, fit_res, manager_of, named_results, unpacked
 
 R, Q = 8.0, 2**22
@@ -82,41 +82,24 @@ def site_node(name: str, extra: dict | None = None) -> dict:
     return {"site": name, **(extra or {})}
 
 
-class LoopbackGrid(Grid):
+class LoopbackGrid(fakes.LoopbackGrid):
     """Delivers each message to its node's ClientApp in this process; a node listed in ``dead_after``
     answers nothing once that many SecAgg+ stages have run (killed after the key exchange: 2)."""
 
     def __init__(self, sites: dict[int, Site], dead_after: dict[int, int] | None = None, node_config=None):
+        super().__init__(
+            {nid: site_app(s) for nid, s in sites.items()},
+            {
+                nid: Context(
+                    run_id=1, node_id=nid, node_config=site_node(s.name, node_config), state=RecordDict(), run_config={}
+                )
+                for nid, s in sites.items()
+            },
+        )
         self.sites = sites
-        self.apps = {nid: site_app(s) for nid, s in sites.items()}
-        self.contexts = {
-            nid: Context(
-                run_id=1, node_id=nid, node_config=site_node(s.name, node_config), state=RecordDict(), run_config={}
-            )
-            for nid, s in sites.items()
-        }
         self.dead_after = dead_after or {}
         self.stages = 0
         self.replies: list[Message] = []  # everything the coordinator received
-
-    def set_run(self, run) -> None:
-        pass
-
-    @property
-    def run(self):
-        return SimpleNamespace(run_id=1)
-
-    def create_message(self, *args, **kwargs):
-        raise NotImplementedError
-
-    def get_node_ids(self):
-        return list(self.sites)
-
-    def push_messages(self, messages):
-        raise NotImplementedError
-
-    def pull_messages(self, message_ids):
-        raise NotImplementedError
 
     def send_and_receive(self, messages, *, timeout=None):
         messages = list(messages)
@@ -126,8 +109,7 @@ class LoopbackGrid(Grid):
             nid = m.metadata.dst_node_id
             if stage and nid in self.dead_after and self.stages >= self.dead_after[nid]:
                 continue
-            # a copy, as a transport delivers it: the workflow sends one content object to every node
-            out.append(self.apps[nid](copy.deepcopy(m), self.contexts[nid]))
+            out.append(self.deliver(m))
         self.stages += stage
         self.replies += out
         return out
