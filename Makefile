@@ -39,10 +39,10 @@ flwr-demo: install
 	$(BIN)/flwr run . --stream --run-config 'experiment="demo"' --federation-config 'num-supernodes=4'
 
 # the suite on TEST_WORKERS pytest workers (pytest-xdist), a test module's tests on one worker (its
-# module-scoped federations start once); real-process tests spend most of their time waiting (Flower's
-# polling, round timeouts, process start-up): on two cores the suite keeps them busy less than half
-# the time with two workers, so four share them
-TEST_WORKERS ?= 4
+# module-scoped federations start once); real-process tests spend much of their time waiting on
+# Flower's polling, so two workers fit two cores (four overloaded them: load above 30, memory within
+# 1 GiB of the 24, real-process tests missing their bounds)
+TEST_WORKERS ?= 2
 test: install
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadscope
 

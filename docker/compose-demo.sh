@@ -2,9 +2,9 @@
 # make compose-demo / make compose-down's demo half: the CPU demo in docker/compose.yaml, with
 # nothing on the host but Docker.
 #
-#   docker/compose-demo.sh up      # build, make secrets and data in a container, two rounds, one result line
+#   docker/compose-demo.sh up      # build, make secrets and data in a container, six rounds, one result line
 #   TASK=fedfr docker/compose-demo.sh up   # the FedFR demo (docker/compose.fedfr-demo.yaml): face sites,
-#                                          # each scoring its personalised model after the last round
+#                                          # two rounds, each scoring its personalised model after the last
 #   docker/compose-demo.sh down    # stop and remove the demo's containers, network, volumes and folder
 #
 # up: builds the image (CPU-only torch; GPU=1: the CUDA image of docker/compose.gpu.yaml) on the
@@ -12,12 +12,14 @@
 # on python:3.11-slim; when containers cannot reach torch's CPU index, torch comes from PyPI (CUDA
 # bundled, fedreid:cuda) and a line says so. A container of the image then writes the certificates,
 # the site keys, the registry and the synthetic data (python -m server.demos.compose_demo setup) into the
-# demo folder; compose runs the coordinator, its proxy and four sites (experiment compose-demo, two
-# rounds); the coordinator's round lines are shown as they come, then one result line.
+# demo folder; compose runs the coordinator, its proxy and four sites (experiment compose-demo: the
+# six rounds of `make demo`, enough for the global model to beat its untrained start); the
+# coordinator's round lines are shown as they come, then one result line.
 #
 # Environment: DOCKER_COMPOSE (default: detected, docker/compose-cli.sh), FEDREID_DEMO_DIR (default
 # docker/demo), FEDREID_DEMO_PROJECT (compose project, default fedreid-demo), FEDREID_DEMO_TIMEOUT_S
-# (default 3600), FEDREID_BASE_IMAGE, FEDREID_TORCH_INDEX_URL, FEDREID_IMAGE, GPU, TASK (fedreid or fedfr).
+# (default 3600), FEDREID_DEMO_ROUNDS (default 6, FedFR 2), FEDREID_BASE_IMAGE, FEDREID_TORCH_INDEX_URL,
+# FEDREID_IMAGE, GPU, TASK (fedreid or fedfr).
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 say() { echo "compose-demo: $*"; }
@@ -54,7 +56,7 @@ export FEDREID_DEMO_DIR="$demo_dir" FEDREID_SECRETS="$demo_dir/secrets" \
   CUHK03_DATA="$demo_dir/data/cuhk03" MSMT17_DATA="$demo_dir/data/msmt17" \
   FEDREID_EXPERIMENT="$([ "$task" = fedfr ] && echo compose-fedfr-demo || echo compose-demo)" \
   FEDREID_RUN="$task" FEDREID_SITES="$([ "$task" = fedfr ] && echo '[face1,face2,face3,face4]' || echo '[market1501,dukemtmc,cuhk03,msmt17]')" \
-  FEDREID_ROUNDS=2 FEDREID_MIN_SITES=4 FEDREID_BATCH_SIZE=32 \
+  FEDREID_ROUNDS="${FEDREID_DEMO_ROUNDS:-$([ "$task" = fedfr ] && echo 2 || echo 6)}" FEDREID_MIN_SITES=4 FEDREID_BATCH_SIZE=32 \
   FEDREID_PORT=127.0.0.1: FEDREID_UID=10001 FEDREID_GID=10001
 compose=("${compose_cli[@]}" -p "$project" "${files[@]}")
 
