@@ -45,9 +45,7 @@ def _assert_plain_mean(fed: Federation, summed: list[str]) -> None:
 
 @pytest.mark.timeout(900)
 def test_four_sites_secure_round_equals_the_plain_mean_and_survives_a_site_killed_after_the_key_exchange(tmp_path):
-    # round 2's masked-vector stage waits round_timeout_s for the killed site: the bound is what a
-    # live site needs for one tiny step on a loaded machine, with room, and no more
-    over = ["rounds=2", "privacy=secagg", "round_timeout_s=75", "strategy.min_fit_sites=2"]
+    over = ["rounds=2", "privacy=secagg", "round_timeout_s=200", "strategy.min_fit_sites=2"]
     with Federation(tmp_path, SITES, over) as fed:
         fed.start_server()
         for site in SITES[:3]:
