@@ -1,6 +1,6 @@
 # Docker compose targets (docker/compose.yaml). Include from the Makefile: `include docker/compose.mk`.
 #   make compose-demo          the CPU demo: build, secrets and synthetic data made in a container,
-#                              two rounds, one result line (docker/compose-demo.sh); GPU=1: the CUDA image;
+#                              six rounds, one result line (docker/compose-demo.sh); GPU=1: the CUDA image;
 #                              TASK=fedfr: the FedFR demo, personalised evaluation at the sites
 #   make compose-up            your deployment (docker/README.md), sites on CPU
 #   make compose-up GPU=1      the CUDA image, GPUs reserved per site (docker/compose.gpu.yaml)
@@ -14,7 +14,7 @@ DOCKER_COMPOSE ?= $(shell docker/compose-cli.sh)
 COMPOSE = $(COMPOSE_ENV) $(DOCKER_COMPOSE) -p fedreid $(COMPOSE_FILES)
 
 .PHONY: compose-demo compose-up compose-down
-compose-demo:  ## the demo in docker compose: two rounds on synthetic data, then one result line
+compose-demo:  ## the demo in docker compose: six rounds on synthetic data, then one result line
 	@DOCKER_COMPOSE="$(DOCKER_COMPOSE)" GPU="$(GPU)" TASK="$(TASK)" docker/compose-demo.sh up
 
 compose-up:  ## build the image, start the coordinator and 4 sites, wait for the run; exit code = the run's

@@ -7,8 +7,8 @@ fedreid-base:bookworm with debootstrap since Docker Hub cannot be reached here; 
 it when it exists (users without it build on python:3.11-slim).
 
 The target builds the images, makes the secrets, keys and synthetic data in a container, runs the
-coordinator, its proxy and four sites for two rounds and prints one result line; this test runs it
-in a project and folder of its own. While training goes on, a container of the image on the sites'
+coordinator, its proxy and four sites (six rounds; two here) and prints one result line; this test
+runs it in a project and folder of its own. While training goes on, a container of the image on the sites'
 network tries what the proxy must refuse: `flwr run` and key registration through the public port
 (the Control API), and the SuperLink's own loopback port. Then it checks the result line against
 the run's metrics.json, each site's state volume, and that `make compose-down` leaves nothing.
