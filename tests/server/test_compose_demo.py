@@ -53,9 +53,9 @@ def test_result_command_reads_metrics_json(tmp_path, capsys):
         main(["result", str(tmp_path / "missing")])
 
 
-def test_preset_is_the_demo_for_two_rounds_evaluated_on_the_mounted_targets():
+def test_preset_is_the_demo_for_its_six_rounds_evaluated_on_the_mounted_targets():
     demo, preset = compose_experiment(["experiment=demo"]), compose_experiment(["experiment=compose-demo"])
-    assert preset.rounds == 2 and preset.name == "compose-demo"
+    assert preset.rounds == demo.rounds == 6 and preset.name == "compose-demo"
     assert preset.model == demo.model and preset.train == demo.train
     assert {n: (t.reader, t.root) for n, t in preset.eval.targets.items()} == {
         "synth_a": ("market1501", "/targets/synth_a"),
