@@ -40,8 +40,8 @@ flwr-demo: install
 
 # the suite on TEST_WORKERS pytest workers (pytest-xdist), a test module's tests on one worker (its
 # module-scoped federations start once); real-process tests spend much of their time waiting on
-# Flower's polling, so two workers fit two cores (four overloaded them: load above 30, memory within
-# 1 GiB of the 24, real-process tests missing their bounds)
+# Flower's polling, so two workers fit two cores (more overload the cores and the memory, and the
+# real-process tests' time bounds are then missed)
 TEST_WORKERS ?= 2
 test: install
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadscope
