@@ -6,6 +6,7 @@ import contextlib
 import os
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 import psutil
@@ -27,15 +28,26 @@ def processes_mentioning(marker: str) -> list[int]:
     return found
 
 
-def kill_all(proc: subprocess.Popen | None, marker: str) -> None:
-    """Kill ``proc``'s process group and any process still mentioning ``marker``."""
+def kill_all(proc: subprocess.Popen | None, marker: str, within_s: float = 30.0) -> None:
+    """Kill ``proc``'s process group and any process still mentioning ``marker``, until none is
+    left (at most ``within_s``): a process that one pass finds may have started a child (Ray's
+    raylet, the SuperExec's flwr-simulation) before it died, and a killed process lingers until the
+    kernel has torn it down, so one pass can leave one behind."""
     if proc is not None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)
-    for pid in processes_mentioning(marker):
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + within_s
+    while True:
+        found = []
+        for pid in processes_mentioning(marker):
+            with contextlib.suppress(psutil.Error):
+                p = psutil.Process(pid)
+                p.kill()
+                found.append(p)
+        if not found or time.monotonic() > deadline:
+            return
+        psutil.wait_procs(found, timeout=max(0.1, min(5.0, deadline - time.monotonic())))
 
 
 def run_to_end(cmd: list[str], *, cwd: Path, marker: str, timeout_s: float) -> tuple[int, str]:
