@@ -41,6 +41,7 @@ import argparse
 import itertools
 import json
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -58,7 +59,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 def run_processes(marker: str) -> dict[str, float]:
     """Resident memory (MB) of the run's processes (those whose environment mentions ``marker``), by role."""
-    roles = {"coordinator": 0.0, "ray_workers": 0.0, "ray_daemons": 0.0, "workers": 0}
+    roles = {"coordinator": 0.0, "ray_workers": 0.0, "ray_daemons": 0.0, "workers": 0, "max_worker": 0.0}
     cpu = {"coordinator_cpu_s": 0.0, "ray_workers_cpu_s": 0.0, "other_cpu_s": 0.0}
     for p in psutil.process_iter():
         try:
@@ -76,6 +77,7 @@ def run_processes(marker: str) -> dict[str, float]:
         elif cmd.startswith("ray::"):
             roles["ray_workers"] += mb
             roles["workers"] += 1
+            roles["max_worker"] = max(roles["max_worker"], mb)
             cpu["ray_workers_cpu_s"] += cpu_s
         else:
             if any(k in cmd for k in ("gcs_server", "raylet", "dashboard", "log_monitor", "runtime_env")):
@@ -87,26 +89,40 @@ def run_processes(marker: str) -> dict[str, float]:
 
 
 class MemorySampler(threading.Thread):
-    """At the end of every round (a new row in metrics.json) record the run's resident memory, and
-    print the row at once (stderr): a run that is stopped early still leaves its rows."""
+    """Every second, the run's resident memory by role, kept as each role's peak (``peaks``); at the
+    end of every round (a new row in metrics.json) one row, printed at once (stderr): a run that is
+    stopped early still leaves its rows."""
+
+    PEAK_KEYS = ("coordinator", "ray_workers", "max_worker")
 
     def __init__(self, out: Path, name: str) -> None:
         super().__init__(daemon=True)
         self.out, self.name, self.rows, self.stop = out, name, [], threading.Event()
+        self.peaks = dict.fromkeys(self.PEAK_KEYS, 0.0)
 
     def run(self) -> None:
         seen = 0
         while not self.stop.is_set():
+            now = run_processes(str(self.out))
+            for k in self.PEAK_KEYS:
+                self.peaks[k] = max(self.peaks[k], now[k])
             try:
                 n = len(json.loads((self.out / "metrics.json").read_text()))
             except (OSError, ValueError):
                 n = 0
             if n > seen:
                 seen = n
-                row = {"round": n - 1, "t_s": round(time.time(), 1), **run_processes(str(self.out))}
+                row = {"round": n - 1, "t_s": round(time.time(), 1), **now}
                 self.rows.append(row)
                 print(f"{self.name} memory: {json.dumps(row)}", file=sys.stderr, flush=True)
-            time.sleep(0.5)
+            self.stop.wait(1.0)
+
+
+def reply_mb(log: str) -> float | None:
+    """MB of one site's reply: the shared tensors' float32 values, as the coordinator's log states them
+    ("shared N tensors, V values")."""
+    m = re.search(r"shared \d+ tensors, ([\d,]+) values", log)
+    return round(4 * int(m.group(1).replace(",", "")) / 2**20, 2) if m else None
 
 
 def cpu_per_round(rows: list[dict], cores: int) -> list[dict]:
@@ -252,6 +268,22 @@ def one_run(
         "per_round": per_round,
     }
     if sampler:
+        one = reply_mb(proc.stdout + proc.stderr)
+        peaks = {f"peak_{k}_mb": round(v, 1) for k, v in sampler.peaks.items()}
+        res["memory_peak"] = {
+            **peaks,
+            "reply_mb": one,
+            "round_of_replies_mb": round(one * sites, 1) if one else None,
+            # the coordinator's peak in copies of one round's replies, and what is left of it above one
+            # round of them (the process itself: Python, torch, the Ray driver, the link's state)
+            "coordinator_peak_in_rounds_of_replies": round(sampler.peaks["coordinator"] / (one * sites), 2)
+            if one
+            else None,
+            "coordinator_peak_above_one_round_mb": round(sampler.peaks["coordinator"] - one * sites, 1)
+            if one
+            else None,
+            "max_worker_peak_in_replies": round(sampler.peaks["max_worker"] / one, 2) if one else None,
+        }
         res["memory_per_round"] = sampler.rows
         res["cpu_per_round"] = cpu_per_round(sampler.rows, os.cpu_count() or 1)
         res["memory_growth_mb_per_round"] = {

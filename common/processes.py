@@ -33,9 +33,17 @@ def tool_env(flwr_home: str | Path | None = None, extra: dict[str, str] | None =
     gives each of the many gRPC/HTTP threads its own heap arena, and the freed space of ~45-94 MB
     parameter messages stays scattered over them; resident memory then drifts from round to round
     (``benchmarks/soak.py`` measures it; docs/results/benchmarks.md).
+
+    ``OMP_WAIT_POLICY`` defaults to PASSIVE: with OpenMP's default a torch thread that waits for work
+    spins on its core, so a site with two threads burns about twice the CPU of its work, taken from
+    the other sites and the coordinator on a shared machine. ``RAY_worker_niceness`` defaults to 0:
+    Ray otherwise starts its workers (the simulation engine's sites) at nice 15, below the
+    coordinator and every other process of the run. A value already in the environment wins.
     """
     env = dict(os.environ)
     env.setdefault("MALLOC_ARENA_MAX", MALLOC_ARENA_MAX)
+    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    env.setdefault("RAY_worker_niceness", "0")  # noqa: SIM112 -- Ray's own name
     bindir = str(Path(sys.executable).parent)
     env["PATH"] = bindir + os.pathsep + env.get("PATH", "")
     env.setdefault("PYTHONUNBUFFERED", "1")

@@ -1,8 +1,10 @@
 """The environment the Flower processes are started with (common.processes.tool_env)."""
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -61,3 +63,40 @@ def test_stop_many_signals_every_group_before_waiting_for_any(tmp_path):
     exits = [float(t) for kind, t in events if kind == "exit"]
     assert len(terms) == len(exits) == 3
     assert max(terms) < min(exits)
+
+
+def test_site_threads_wait_passively_unless_the_operator_says_otherwise(monkeypatch):
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    assert processes.tool_env()["OMP_WAIT_POLICY"] == "PASSIVE"
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
+    assert processes.tool_env()["OMP_WAIT_POLICY"] == "ACTIVE"
+
+
+def _ray_worker_nice(env: dict[str, str], tmp: Path) -> int:
+    """The niceness of a task's worker in a private Ray instance started in a process with ``env``."""
+    code = (
+        "import os, ray\n"
+        "ray.init(num_cpus=1, include_dashboard=False, object_store_memory=80 * 2**20)\n"
+        "print('nice', ray.get(ray.remote(lambda: os.nice(0)).remote()))\n"
+        "ray.shutdown()\n"
+    )
+    env = {**env, "RAY_TMPDIR": str(tmp), "RAY_memory_monitor_refresh_ms": "0"}
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=180, check=False, cwd=tmp
+    )
+    line = [ln for ln in out.stdout.splitlines() if ln.startswith("nice ")]
+    assert line, out.stdout[-2000:] + out.stderr[-3000:]
+    return int(line[0].split()[1]) - os.nice(0)  # relative to this process
+
+
+def test_ray_workers_started_from_the_run_environment_run_at_the_coordinators_priority(monkeypatch):
+    monkeypatch.delenv("RAY_worker_niceness", raising=False)
+    tmp = Path(tempfile.mkdtemp(prefix="fedreid-ray-"))  # Ray's socket paths must be short
+    try:
+        env = processes.tool_env()
+        assert _ray_worker_nice(env, tmp) == 0
+        # without the setting Ray lowers its workers' priority (what the default protects against)
+        env.pop("RAY_worker_niceness")
+        assert _ray_worker_nice(env, tmp) == min(15, 19 - os.nice(0))  # nice stops at 19
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
