@@ -137,6 +137,10 @@ class SiteRuntime:
         process that keeps it, with the round's modules and carried optimiser, for its next round)."""
         self._held.keep(state, write)
         self._modules.finish(state, self._carried)
+        # the round's modules, loader and optimiser are no longer this site's: a site process's
+        # DeviceModules holds what it keeps, a per-message site's modules went back to the pool, and
+        # a virtual site that a Ray worker keeps between messages must not keep a model per site
+        self._round_modules, self._round_loader, self._carried = [], None, None
 
     def flush(self) -> None:
         """Wait for the last state write: the state file is then the newest finished round."""

@@ -332,3 +332,58 @@ def test_simulation_processes_reuse_freed_memory_unless_told_otherwise(tmp_path,
     assert "MALLOC_MMAP_MAX_" not in env_of(sim_config(2, reuse_memory=False))
     monkeypatch.setenv("MALLOC_MMAP_MAX_", "65536")  # the user's own setting wins
     assert env_of(sim_config(2))["MALLOC_MMAP_MAX_"] == "65536"
+
+
+def _tensor_bytes_reachable(root) -> int:
+    """Bytes of the torch tensors' storages reachable from ``root`` through object references (not
+    through classes, modules or functions: what an instance holds, not the program's globals)."""
+    import gc
+    import types
+
+    skip = (type, types.ModuleType, types.FunctionType, types.BuiltinFunctionType)
+    seen, storages, todo = {id(root)}, {}, [root]
+    while todo:
+        obj = todo.pop()
+        if isinstance(obj, torch.Tensor):
+            st = obj.untyped_storage()
+            storages[st.data_ptr()] = st.nbytes()
+            continue
+        for ref in gc.get_referents(obj):
+            if id(ref) not in seen and not isinstance(ref, skip):
+                seen.add(id(ref))
+                todo.append(ref)
+    return sum(storages.values())
+
+
+def test_a_worker_keeps_no_model_per_virtual_site_it_has_served(tmp_path, tiny_site):
+    """A Ray worker keeps each virtual site's client between messages (its data index, settings): what it
+    trained goes to the site's state folder and the module pool (a few modules per worker, whatever the
+    number of sites), so the clients themselves hold no model. Before, each kept its round's model."""
+    from flwr.common import FitIns, ndarrays_to_parameters
+
+    from client.flower.wire_client import WireClient
+    from client.runtime.module_pool import POOL
+    from client.tasks import build_site
+    from common.models.builder import expected_manifest
+    from tests.fakes import global_arrays
+
+    names = ["market1501", "dukemtmc", "cuhk03"]
+    sites = {s: {"reader": "market1501", "data_root": str(tiny_site), "state_dir": str(tmp_path / s)} for s in names}
+    cfg = tiny_config(sites=names, engine={"sites": sites})
+    exp, man = run_json(cfg), expected_manifest(cfg)
+    model_bytes = sum(a.nbytes for a in global_arrays(cfg))
+    ins = FitIns(
+        ndarrays_to_parameters([np.concatenate([x.reshape(-1).view(np.uint8) for x in global_arrays(cfg, 1)])]),
+        {"server_round": 1, "manifest_hash": man.hash},
+    )
+    worker = VirtualSites(build_site)
+    try:
+        for pid in range(len(names)):
+            reply = WireClient(worker.site(exp, {"partition-id": pid, "num-partitions": len(names)})).fit(ins)
+            assert reply.num_examples > 0
+        assert len(worker.sites) == len(names)
+        held = _tensor_bytes_reachable(worker)
+        assert held < 0.01 * model_bytes, f"{held / model_bytes:.2f} models held by {len(names)} served sites"
+    finally:
+        worker.close()
+        POOL.clear()
