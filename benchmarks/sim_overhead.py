@@ -21,7 +21,9 @@ this machine:
   and of Ray's daemons at the end of every round, each row printed when it is taken (a run stopped
   early keeps its rows), with the growth per round after round 2; the same rows carry the CPU
   seconds each role has used so far (coordinator, Ray workers, the rest of the run's processes),
-  whose differences between rounds say where the cores' time went.
+  whose differences between rounds say where the cores' time went; every second, each role's peak
+  (``memory_peak``: the coordinator's in rounds of replies and above one round, one worker's in
+  replies), so that ``--mem-sites 4``, ``40`` and ``100`` show what grows with the number of sites.
 
     python benchmarks/sim_overhead.py [--steps 20] [--rounds 3] [--mem-sites 40] [--mem-rounds 10]
                                       [--only sim4,dep4,sim10,sim40] [--quick] [--override K=V ...]
