@@ -37,6 +37,9 @@ query x gallery matrix never exists (MSMT17: 11,659 x 82,161).
 
 from __future__ import annotations
 
+import functools
+import math
+import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -55,10 +58,12 @@ METRICS = ("euclidean", "cosine")
 
 # Budget for the per-chunk temporaries (distance rows, comparison masks, sorted copies).
 _CHUNK_BYTES = 16 * 2**20
-# Queries with at least this many true matches are counted by sorting their row once
-# (O(G log G)) instead of two comparison passes per true match (O(matches * G)): numpy 2's SIMD
-# sort of a Market-sized row costs a few comparison passes, so sorting wins from a few matches on.
-_SORT_MIN_MATCHES = 3
+# Queries with many true matches are counted by sorting their row once (O(G log G)), the others by
+# two comparison passes per true match (O(matches * G)). Where the two meet depends on the CPU's
+# sort (numpy 2's SIMD sort is several times faster with AVX-512 than without): measured once per
+# gallery size by :func:`_sort_min_matches`, within these bounds. Both ways count exactly: the
+# choice changes the time, never the result.
+_SORT_MIN_MATCHES_RANGE = (3, 64)
 # Bytes of same-identity bookkeeping per (query, same-pid gallery item) pair in a chunk.
 _BYTES_PER_SAME_PID = 64
 
@@ -356,7 +361,7 @@ def _count_keys_below(
     """
     below = np.zeros(thr.shape, dtype=np.int64)
     equal = np.zeros(thr.shape, dtype=np.int64)
-    n_sorted = int(np.count_nonzero(n >= _SORT_MIN_MATCHES))
+    n_sorted = int(np.count_nonzero(n >= _sort_min_matches(dist.shape[1], dist.dtype)))
     if n_sorted:
         # one (SIMD) sort of the block's rows, then a binary search per true match
         if again is not None:
@@ -380,6 +385,30 @@ def _count_keys_below(
     resorted = n_sorted if again is not None else 0
     _add_tied_before(below, equal, dist, thr, idx, lambda c: _original_rows(dist, c, resorted, again))
     return below
+
+
+@functools.cache
+def _sort_min_matches(num_g: int, dtype: np.dtype) -> int:
+    """The number of true matches from which sorting a row costs less than the comparison passes of
+    its matches, on this CPU: one sort of a few random rows of ``num_g`` items against one pass
+    (compare and count), each the best of three. A match takes two passes (<, ==), but the first
+    pass of a chunk's rows runs on memory the sort would have touched anyway: one pass per match
+    is where the two meet on the Market-sized benchmark (benchmarks/reid_metric.py)."""
+    rows = np.random.default_rng(0).random((8, num_g)).astype(dtype)
+    mask = np.empty(rows.shape, dtype=bool)
+
+    def best(f: Callable[[], object]) -> float:
+        times = []
+        for _ in range(3):
+            t0 = time.perf_counter()
+            f()
+            times.append(time.perf_counter() - t0)
+        return min(times)
+
+    t_sort = best(lambda: np.sort(rows, axis=1))
+    t_pass = best(lambda: _row_counts(np.less(rows, 0.5, out=mask)))
+    lo, hi = _SORT_MIN_MATCHES_RANGE
+    return int(min(hi, max(lo, math.ceil(t_sort / max(t_pass, 1e-9)))))
 
 
 def _original_rows(dist: np.ndarray, c: np.ndarray, resorted: int, again: Block | None) -> np.ndarray:

@@ -251,12 +251,18 @@ def test_features_cosine_equals_distmat_path():
         assert_same(got, expected)
 
 
-@pytest.mark.parametrize("threshold", [1, 3, 10**9])
+@pytest.mark.parametrize("threshold", [1, 3, 10**9, None])
 def test_sort_and_comparison_paths_agree_with_the_reference_at_any_crossover(monkeypatch, threshold):
-    """Every query by sorting (1), the default crossover (3), every query by comparison passes."""
+    """Every query by sorting (1), a low crossover (3), every query by comparison passes, and the
+    crossover measured on this CPU (None)."""
     from common.evaluation import reid
 
-    monkeypatch.setattr(reid, "_SORT_MIN_MATCHES", threshold)
+    if threshold is not None:
+        monkeypatch.setattr(reid, "_sort_min_matches", lambda num_g, dtype: threshold)
+    else:
+        lo, hi = reid._SORT_MIN_MATCHES_RANGE
+        assert lo <= reid._sort_min_matches(300, np.dtype(np.float32)) <= hi
+    threshold = threshold or 5
     rng = np.random.default_rng(threshold % 97)
     ids = make_ids(rng, 50, 300, num_ids=12, num_cams=3)
     for distmat in (rng.random((50, 300)).astype(np.float32), rng.integers(0, 6, (50, 300)).astype(np.float32)):
