@@ -5,12 +5,14 @@ every process it started is stopped however it ends.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
@@ -272,7 +274,13 @@ def serve(
             # the ServerApp names each node by its registered key, never by what the node claims
             write_site_nodes(run_dir / SITE_NODES, ids)
         submit = submit_run(cfg, engine, run_dir, home / "cli", conn)
-        poll_run(cfg, run_dir, submit, {"SuperLink": superlink, "SuperExec": runner})
+        poll_run(
+            cfg,
+            run_dir,
+            submit,
+            {"SuperLink": superlink, "SuperExec": runner},
+            functools.partial(runs_finished, home / "cli", conn),
+        )
     finally:
         # `flwr run`, the front, the SuperExec (with the ServerApp it started) and the SuperLink stop together
         processes.stop_many([submit, nginx, runner, superlink], grace_s=10)
@@ -332,15 +340,30 @@ def submit_run(cfg: ExperimentConfig, engine: Engine, run_dir: Path, cli_home: P
     return subprocess.Popen(cmd, env=processes.tool_env(cli_home), start_new_session=True)
 
 
-def poll_run(cfg: ExperimentConfig, run_dir: Path, submit: subprocess.Popen, keep: dict[str, subprocess.Popen]) -> None:
-    """Until the run completes or fails (status.json), `flwr run` or one of the ``keep`` processes
-    (the SuperLink, the SuperExec) exits, or the bound (waiting for sites, every round's timeout,
-    300 s) passes."""
+def poll_run(
+    cfg: ExperimentConfig,
+    run_dir: Path,
+    submit: subprocess.Popen,
+    keep: dict[str, subprocess.Popen],
+    runs_finished: Callable[[], bool | None] = lambda: None,
+    *,
+    ask_every_s: float = 10.0,
+) -> None:
+    """Until the run completes or fails (status.json), one of the ``keep`` processes (the SuperLink,
+    the SuperExec) exits, or the bound (waiting for sites, every round's timeout, 300 s) passes.
+
+    `flwr run --stream` (``submit``) shows the ServerApp's log; its stream can end before the run
+    does (a loaded machine: the log stream's connection times out). The run then goes on: from that
+    moment the SuperLink is asked every ``ask_every_s`` whether its runs have finished
+    (``runs_finished``: True, False, or None when it could not tell), so that a ServerApp that died
+    without writing status.json ends the wait too."""
     limit = cfg.wait_for_sites_s + cfg.rounds * cfg.round_timeout_s + 300
     deadline = time.monotonic() + limit
-    while submit.poll() is None:
+    stream_ended, next_ask = False, 0.0
+    while True:
         if _status(run_dir) in ("completed", "failed"):
-            time.sleep(2)  # let the last log lines stream
+            if not stream_ended:
+                time.sleep(2)  # let the last log lines stream
             return
         for name, proc in keep.items():
             if proc.poll() is not None:
@@ -349,7 +372,43 @@ def poll_run(cfg: ExperimentConfig, run_dir: Path, submit: subprocess.Popen, kee
         if time.monotonic() > deadline:
             print(f"fedserver: the run did not finish within {limit:.0f}s; stopping it", file=sys.stderr)
             return
+        if submit.poll() is not None:
+            if not stream_ended:
+                stream_ended = True
+                print(
+                    f"fedserver: `flwr run` ended (exit code {submit.returncode}) before the run did; the run goes "
+                    f"on without its log stream (its rounds: {run_dir / 'metrics.json'})",
+                    flush=True,
+                )
+            if time.monotonic() >= next_ask:
+                next_ask = time.monotonic() + ask_every_s
+                if runs_finished() is True and _status(run_dir) not in ("completed", "failed"):
+                    time.sleep(2)  # status.json may be written just after Flower's own status
+                    if _status(run_dir) not in ("completed", "failed"):
+                        print("fedserver: the SuperLink reports the run finished", flush=True)
+                    return
         time.sleep(1)
+
+
+def runs_finished(cli_home: Path, conn: str) -> bool | None:
+    """True if every run of the SuperLink ``conn`` names has finished (``flwr ls --format json``; so
+    also when it holds none: `flwr run` submitted nothing), False if one has not, None if the
+    SuperLink could not tell (the caller asks again)."""
+    try:
+        out = subprocess.run(
+            [processes.executable("flwr"), "ls", conn, "--format", "json"],
+            env=processes.tool_env(cli_home),
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        runs = json.loads(out.stdout)["runs"]
+    except (OSError, subprocess.TimeoutExpired, ValueError, KeyError, TypeError):
+        return None
+    if out.returncode != 0 or not isinstance(runs, list):
+        return None
+    return all(str(r.get("status", "")).startswith("finished") for r in runs)
 
 
 def report_status(run_dir: Path) -> int:
