@@ -271,21 +271,19 @@ def one_run(
     }
     if sampler:
         one = reply_mb(proc.stdout + proc.stderr)
-        peaks = {f"peak_{k}_mb": round(v, 1) for k, v in sampler.peaks.items()}
-        res["memory_peak"] = {
-            **peaks,
-            "reply_mb": one,
-            "round_of_replies_mb": round(one * sites, 1) if one else None,
-            # the coordinator's peak in copies of one round's replies, and what is left of it above one
-            # round of them (the process itself: Python, torch, the Ray driver, the link's state)
-            "coordinator_peak_in_rounds_of_replies": round(sampler.peaks["coordinator"] / (one * sites), 2)
-            if one
-            else None,
-            "coordinator_peak_above_one_round_mb": round(sampler.peaks["coordinator"] - one * sites, 1)
-            if one
-            else None,
-            "max_worker_peak_in_replies": round(sampler.peaks["max_worker"] / one, 2) if one else None,
-        }
+        peak = {f"peak_{k}_mb": round(v, 1) for k, v in sampler.peaks.items()}
+        if one:
+            replies = one * sites
+            peak |= {
+                "reply_mb": one,
+                "round_of_replies_mb": round(replies, 1),
+                # the coordinator's peak in copies of one round's replies, and what is left of it above
+                # one round of them (the process itself: Python, torch, the Ray driver, the link's state)
+                "coordinator_peak_in_rounds_of_replies": round(sampler.peaks["coordinator"] / replies, 2),
+                "coordinator_peak_above_one_round_mb": round(sampler.peaks["coordinator"] - replies, 1),
+                "max_worker_peak_in_replies": round(sampler.peaks["max_worker"] / one, 2),
+            }
+        res["memory_peak"] = peak
         res["memory_per_round"] = sampler.rows
         res["cpu_per_round"] = cpu_per_round(sampler.rows, os.cpu_count() or 1)
         res["memory_growth_mb_per_round"] = {

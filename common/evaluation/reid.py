@@ -60,7 +60,7 @@ METRICS = ("euclidean", "cosine")
 _CHUNK_BYTES = 16 * 2**20
 # Queries with many true matches are counted by sorting their row once (O(G log G)), the others by
 # two comparison passes per true match (O(matches * G)). Where the two meet depends on the CPU's
-# sort (numpy 2's SIMD sort is several times faster with AVX-512 than without): measured once per
+# sort (numpy 2's SIMD sort uses the widest vector instructions the CPU has): measured once per
 # gallery size by :func:`_sort_min_matches`, within these bounds. Both ways count exactly: the
 # choice changes the time, never the result.
 _SORT_MIN_MATCHES_RANGE = (3, 64)

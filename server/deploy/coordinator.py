@@ -382,7 +382,7 @@ def poll_run(
                 )
             if time.monotonic() >= next_ask:
                 next_ask = time.monotonic() + ask_every_s
-                if runs_finished() is True and _status(run_dir) not in ("completed", "failed"):
+                if runs_finished() is True:
                     time.sleep(2)  # status.json may be written just after Flower's own status
                     if _status(run_dir) not in ("completed", "failed"):
                         print("fedserver: the SuperLink reports the run finished", flush=True)
