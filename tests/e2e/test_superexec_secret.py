@@ -46,19 +46,6 @@ def ask_for_task(port: int, task_type: str) -> tuple[int, str]:
     return 200, res.token
 
 
-def poll_until(port: int, task_type: str, done, timeout_s: float) -> list[tuple[int, str]]:
-    """Ask for a task every POLL_S until ``done()`` or ``timeout_s``; stops at the first token (the
-    attack has what it needs: the task is the outsider's, and the real app never gets it)."""
-    answers: list[tuple[int, str]] = []
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and not done():
-        answers.append(ask_for_task(port, task_type))
-        if answers[-1][1]:
-            break
-        time.sleep(POLL_S)
-    return answers
-
-
 def run_status(fed: Federation) -> str:
     try:
         return json.loads((fed.run_dir / "status.json").read_text())["status"]
@@ -66,38 +53,56 @@ def run_status(fed: Federation) -> str:
         return ""
 
 
-def assert_private(secret_path) -> None:
-    mode = secret_path.stat().st_mode
-    assert stat.S_IMODE(mode) == 0o600, oct(mode)
-    assert secret_path.stat().st_size == superexec.SECRET_BYTES
-
-
-@pytest.mark.timeout(300)
-def test_no_secret_gets_no_serverapp_task_from_the_coordinators_port(tmp_path):
-    with Federation(tmp_path, ["market1501"], ["rounds=1", "wait_for_sites_s=120"]) as fed:
-        server = fed.start_server()
-        processes.wait_for_port("127.0.0.1", fed.port, 90, server)
-        # from the SuperLink's start until the run's ServerApp is running (it writes status.json)
-        answers = poll_until(fed.port, "flwr-serverapp", lambda: run_status(fed) == "running", 150)
-        answers += poll_until(fed.port, "flwr-serverapp", lambda: False, 2)  # and after
-        assert [a for a in answers if a[1]] == [], fed.logs()  # no token
-        assert answers and {a[0] for a in answers} == {REFUSED}, (answers[-3:], fed.logs())
-        # fedserver's own SuperExec, holding the secret, did start the ServerApp
-        assert run_status(fed) == "running", fed.logs()
-        assert_private(fed.run_dir / superexec.SECRET_FILE)
+def poll_both(server_port: int, site_port: int, server_done, done, timeout_s: float):
+    """Ask the coordinator's port for the ServerApp's task until ``server_done()`` (and 2 s after) and
+    the site's port for a ClientApp task until ``done()``, in turn, every POLL_S; stops at the first
+    token (the attack has what it needs). The answers of each port."""
+    on_server: list[tuple[int, str]] = []
+    on_site: list[tuple[int, str]] = []
+    deadline = time.monotonic() + timeout_s
+    server_until = None
+    while time.monotonic() < deadline and not done():
+        if server_until is None and server_done():
+            server_until = time.monotonic() + 2
+        if server_until is None or time.monotonic() < server_until:
+            on_server.append(ask_for_task(server_port, "flwr-serverapp"))
+        on_site.append(ask_for_task(site_port, "flwr-clientapp"))
+        if any(a[0] == 200 for a in (*on_server[-1:], on_site[-1])):
+            break
+        time.sleep(POLL_S)
+    return on_server, on_site
 
 
 @pytest.mark.timeout(420)
-def test_no_secret_gets_no_clientapp_task_from_a_site_without_site_process(tmp_path):
-    with Federation(tmp_path, ["market1501"], ["rounds=1"]) as fed:
+def test_no_secret_gets_a_task_on_the_coordinators_port_or_a_sites(tmp_path):
+    """One federation, one site (without site process: the ClientApp does the work), asked the whole
+    time: the coordinator's port from the SuperLink's start until the run's ServerApp runs (it writes
+    status.json), the site's port during the whole run (each round is a ClientApp task there)."""
+    with Federation(tmp_path, ["market1501"], ["rounds=1", "wait_for_sites_s=120"]) as fed:
         server = fed.start_server()
+        processes.wait_for_port("127.0.0.1", fed.port, 90, server)
         site = fed.start_site("market1501", no_site_process=True)
         port = int(site.args[site.args.index("--port") + 1])  # the SuperNode's local Runtime API
-        processes.wait_for_port("127.0.0.1", port, 120, site)
-        # during the whole run: the site's round is a ClientApp task waiting on that port
-        answers = poll_until(port, "flwr-clientapp", lambda: server.poll() is not None, 300)
-        assert [a for a in answers if a[1]] == [], fed.logs()  # no token
-        assert answers and {a[0] for a in answers} == {REFUSED}, (answers[-3:], fed.logs())
-        # fedclient's own SuperExec, holding the secret, ran the site's round
+        secret = fed.run_dir / superexec.SECRET_FILE
+        seen: list[tuple[int, int]] = []  # the secret's mode and size once the ServerApp runs
+
+        def serverapp_running() -> bool:
+            if run_status(fed) != "running":
+                return False
+            if not seen:
+                seen.append((stat.S_IMODE(secret.stat().st_mode), secret.stat().st_size))
+            return True
+
+        on_server, on_site = poll_both(fed.port, port, serverapp_running, lambda: server.poll() is not None, 300)
+        for answers in (on_server, on_site):
+            assert [a for a in answers if a[0] == 200] == [], fed.logs()  # no task, no token
+        assert on_server and {a[0] for a in on_server} == {REFUSED}, (on_server[-3:], fed.logs())
+        # the site's port: refused once it listens (before, nothing answers)
+        listening = [a for a in on_site if a[0] != -1]
+        assert listening and {a[0] for a in listening} == {REFUSED}, (on_site[-3:], fed.logs())
+        # fedserver's and fedclient's own SuperExecs, holding the secret, started the ServerApp and ran
+        # the site's round
         assert fed.wait_server(60) == 0, fed.logs()
+        assert run_status(fed) == "completed", fed.logs()
         assert [r["replied"] for r in fed.metrics() if r["round"] > 0] == [1]
+        assert seen == [(0o600, superexec.SECRET_BYTES)]  # private while it was used
