@@ -163,6 +163,9 @@ class EvalConfig:
     device: str = "cpu"
     linear_probe: bool = False  # also a softmax probe's accuracy (gallery -> query) per target
     tensorboard: bool = True  # every round's metrics also as TensorBoard scalars in RUN_DIR/tensorboard/
+    # the targets' images are decoded and resized once and kept across evaluations (uint8, H x W x 3 bytes
+    # each) when all of them fit in this many MB; 0 = read every image again at every evaluation
+    keep_decoded_mb: float = 2048.0
     # name -> TargetConfig (typed in __post_init__: `++eval.targets.NAME.root=...` adds a plain mapping)
     targets: dict[str, Any] = field(default_factory=dict)
 
@@ -292,6 +295,10 @@ class ExperimentConfig:
         self._check_training()
         if self.eval.metric not in ("cosine", "euclidean"):
             raise _bad("eval.metric", "cosine or euclidean", self.eval.metric)
+        if not (isinstance(self.eval.keep_decoded_mb, int | float) and 0 <= self.eval.keep_decoded_mb < math.inf):
+            raise _bad(
+                "eval.keep_decoded_mb", "a number of MB >= 0 (0: decode at every evaluation)", self.eval.keep_decoded_mb
+            )
         self._check_sites()
         self._check_aggregation()
         self._check_site_counts()

@@ -80,10 +80,35 @@ def extract_features(
     progress: str | None = None,
 ) -> np.ndarray:
     """Re-ID: (len(records), dim) float32 features in record order (``flip``: the mean with the mirror's)."""
+    return reid_features(
+        embedding,
+        ImageDataset(records, test_transform(height, width)),
+        device=device,
+        batch_size=batch_size,
+        flip=flip,
+        normalize=normalize,
+        num_workers=num_workers,
+        progress=progress,
+    )
+
+
+def reid_features(
+    embedding: nn.Module,
+    dataset: Dataset,
+    *,
+    device: torch.device,
+    batch_size: int = 128,
+    flip: bool = False,
+    normalize: bool = True,
+    num_workers: int = 0,
+    progress: str | None = None,
+) -> np.ndarray:
+    """Re-ID: (len(dataset), dim) float32 features of a dataset of test-transformed images (``ImageDataset``
+    with ``test_transform``, or ``common.evaluation.decoded_images.DecodedImages``), in dataset order."""
     chunks = list(
         feature_chunks(
             embedding,
-            ImageDataset(records, test_transform(height, width)),
+            dataset,
             batch_size=batch_size,
             device=device,
             num_workers=num_workers,

@@ -47,6 +47,7 @@ def build_evaluator(cfg: ExperimentConfig, run_dir: Path) -> ReIDEvaluator | Non
         metric=e.metric,
         max_rank=e.max_rank,
         linear_probe=e.linear_probe,
+        keep_decoded_mb=e.keep_decoded_mb,
     )
 
 

@@ -41,7 +41,9 @@ DROPPED = {"msmt17": "nan", "face1": "shape", "face2": "dtype"}
 SLOW = "face3"  # sleep:600: never replies within the round timeout
 FROZEN = "face4"  # named, then SIGSTOP: unreachable
 VALID = sorted([*HONEST, HUGE])  # the replies the round aggregates
-ONE_ROUND_TIMEOUT_S = 80  # the wait for the slow and frozen sites; the six training sites reply well within it, loaded too
+ONE_ROUND_TIMEOUT_S = (
+    80  # the wait for the slow and frozen sites; the six training sites reply well within it, loaded too
+)
 
 # three_rounds
 RESTARTED = "dukemtmc"  # killed (fedclient, SuperNode, ClientApp) while training round 2, restarted
