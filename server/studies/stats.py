@@ -14,6 +14,10 @@ A claim compares the difference with a threshold ``margin`` in a direction:
 
 Verdict: ``holds`` when the whole interval lies on the claimed side, ``reversed`` when the whole
 interval lies on the other side, ``not resolved`` otherwise (also with fewer than two paired seeds).
+
+Several claims in one study: each claim's p-value from the same paired t statistic (``claim_p_value``:
+one-sided for ``greater`` and ``less``, the larger of the two one-sided p-values for ``within``),
+and Holm's step-down procedure over the study's claims (``holm``) for the family-wise verdict.
 """
 
 from __future__ import annotations
@@ -118,3 +122,77 @@ def plateau_round(curve: Mapping[int, float] | Sequence[tuple[int, float]], k: i
         if max(window) - min(window) < se:
             return points[i][0]
     return None
+
+
+def t_sf(t: float, df: int) -> float:
+    """P(T >= t) for Student's t with ``df`` (integer) degrees of freedom, exact: Abramowitz & Stegun
+    26.7.3 (odd df) and 26.7.4 (even df) give A(t|df) = P(|T| <= t) as a finite sum in
+    theta = atan(t / sqrt(df)); the tail is (1 - A) / 2 on either side. t may be +-inf."""
+    if df < 1:
+        raise ValueError(f"degrees of freedom: expected >= 1, found {df}")
+    if math.isnan(t):
+        return math.nan
+    theta = math.atan(abs(t) / math.sqrt(df))
+    c, s = math.cos(theta), math.sin(theta)
+    if df % 2:  # 26.7.3: (2/pi) [theta + sin(cos + 2/3 cos^3 + ... + (2*4..(df-3))/(1*3..(df-2)) cos^(df-2))]
+        term, total = c, 0.0
+        for j in range(1, (df - 1) // 2 + 1):  # cos^1, cos^3, ..., cos^(df-2)
+            total += term
+            term *= c * c * (2 * j) / (2 * j + 1)
+        a = 2 / math.pi * (theta + s * total)
+    else:  # 26.7.4: sin [1 + 1/2 cos^2 + (1*3)/(2*4) cos^4 + ... + (1*3..(df-3))/(2*4..(df-2)) cos^(df-2)]
+        term, total = 1.0, 0.0
+        for j in range(1, df // 2 + 1):  # cos^0, cos^2, ..., cos^(df-2)
+            total += term
+            term *= c * c * (2 * j - 1) / (2 * j)
+        a = s * total
+    tail = max(0.0, 1.0 - a) / 2
+    return tail if t >= 0 else 1.0 - tail
+
+
+def _t_statistic(diff: PairedDifference, against: float) -> float:
+    """(mean - against) / se; with no spread over the seeds (se 0): +-inf, or 0 on the threshold."""
+    gap = diff.mean - against
+    if diff.se > 0:
+        return gap / diff.se
+    return math.copysign(math.inf, gap) if gap else 0.0
+
+
+def claim_p_value(diff: PairedDifference, direction: str, margin: float = 0.0) -> float:
+    """The p-value of a claim from the paired t statistic (df = n - 1), its null the claim's negation:
+
+    - ``greater``: H0 d <= margin, one-sided: P(T >= (mean - margin) / se);
+    - ``less``: H0 d >= -margin, one-sided: P(T <= (mean + margin) / se);
+    - ``within``: two one-sided tests (TOST), H0 d <= -margin and H0 d >= margin: the larger p.
+
+    nan with fewer than two paired seeds. A claim whose p is below 0.025 is one whose 95 % interval
+    (``verdict``) lies on the claimed side."""
+    if direction not in DIRECTIONS:
+        raise ValueError(f"claim direction: expected one of {DIRECTIONS}, found {direction!r}")
+    if diff.n < 2 or math.isnan(diff.se):
+        return math.nan
+    df = diff.n - 1
+    if direction == "greater":
+        return t_sf(_t_statistic(diff, margin), df)
+    if direction == "less":
+        return t_sf(-_t_statistic(diff, -margin), df)
+    above_lower = t_sf(_t_statistic(diff, -margin), df)  # H0 d <= -margin
+    below_upper = t_sf(-_t_statistic(diff, margin), df)  # H0 d >= margin
+    return max(above_lower, below_upper)
+
+
+def holm(p_values: Sequence[float], alpha: float) -> list[bool]:
+    """Holm's step-down procedure (Holm 1979): which hypotheses are rejected at family-wise error
+    rate ``alpha``. The p-values in increasing order p_(1) <= ... <= p_(m) are compared with
+    alpha / m, alpha / (m - 1), ..., alpha; every hypothesis before the first p_(i) > alpha / (m - i + 1)
+    is rejected, none after. A nan p (a claim without two paired seeds) counts in m and is never rejected."""
+    if not 0.0 < alpha < 1.0:
+        raise ValueError(f"family-wise alpha: expected a rate in (0, 1), found {alpha}")
+    m = len(p_values)
+    order = sorted(range(m), key=lambda i: (math.isnan(p_values[i]), p_values[i]))
+    rejected = [False] * m
+    for rank, i in enumerate(order):
+        if math.isnan(p_values[i]) or p_values[i] > alpha / (m - rank):
+            break
+        rejected[i] = True
+    return rejected
