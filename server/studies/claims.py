@@ -12,15 +12,24 @@ on mean/R1, b: local on best/mean/R1), and the plateau rule (server/studies/stat
     plateau: {metric: mean/R1, k: 3, se: 0.015}
 
 Each claim gets the paired per-seed difference a - b (in points), its 95 % t interval and the
-verdict (holds / reversed / not resolved); each variant gets the round at which its mean curve
-flattened, or "not reached".
+verdict read from that interval alone (holds / reversed / not resolved), then its p-value and the
+verdict corrected for the study's several claims: Holm's step-down procedure over all of them
+(holds / not shown); each variant gets the round at which its mean curve flattened, or "not reached".
 """
 
 from __future__ import annotations
 
 import math
 
-from server.studies.stats import DIRECTIONS, paired_difference, plateau_round, verdict
+from server.studies.stats import DIRECTIONS, HOLDS, claim_p_value, holm, paired_difference, plateau_round, verdict
+
+# Holm's family-wise level over a study's claims. Each claim is one-sided (``within``: two one-sided
+# tests), so it is tested at half the two-sided 0.05, the convention of ICH E9 for one-sided tests:
+# the raw verdict reads the 95 % interval, and with a single claim the corrected verdict holds
+# exactly where the raw one does (p < 0.025 <=> the interval lies on the claimed side).
+FAMILY_ALPHA = 0.05
+ONE_SIDED_ALPHA = FAMILY_ALPHA / 2
+NOT_SHOWN = "not shown"  # Holm does not reject the claim's negation; the raw verdict says if it is reversed
 
 CLAIM_KEYS = ("claim", "source", "metric", "a", "b", "direction")
 
@@ -49,7 +58,8 @@ def check_claims(study: dict) -> list[dict]:
 
 
 def claim_rows(study: dict, per_run: dict[str, dict[int, dict[str, float]]]) -> list[dict]:
-    """One row per claim: the paired difference a - b over the seeds both variants finished, and the verdict."""
+    """One row per claim: the paired difference a - b over the seeds both variants finished, the
+    verdict of its 95 % interval, its p-value and the Holm verdict over all the study's claims."""
     rows = []
     for c in check_claims(study):
         m, mb = c["metric"], c.get("metric_b", c["metric"])
@@ -66,8 +76,11 @@ def claim_rows(study: dict, per_run: dict[str, dict[int, dict[str, float]]]) -> 
                 "ci": [d.lo, d.hi],
                 "n": d.n,
                 "verdict": verdict(d, c["direction"], margin),
+                "p": claim_p_value(d, c["direction"], margin),
             }
         )
+    for row, rejected in zip(rows, holm([r["p"] for r in rows], ONE_SIDED_ALPHA), strict=True):
+        row["holm"] = HOLDS if rejected else NOT_SHOWN
     return rows
 
 
@@ -81,12 +94,17 @@ def _claimed(row: dict) -> str:
     return {"greater": f"> {bound}", "less": f"< {bound}", "within": f"within ±{m:.1f}"}[row["direction"]]
 
 
+def _p(p: float) -> str:
+    return "–" if math.isnan(p) else "< 0.001" if p < 0.001 else f"{p:.3f}"
+
+
 def claims_markdown(rows: list[dict]) -> str:
     if not rows:
         return ""
     lines = [
-        "| claim (as the paper states it) | source | metric | a − b | claimed | difference (points) | 95 % CI | seeds | verdict |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| claim (as the paper states it) | source | metric | a − b | claimed | difference (points) | 95 % CI | seeds "
+        "| verdict | p | Holm verdict |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lo, hi = r["ci"]
@@ -94,7 +112,7 @@ def claims_markdown(rows: list[dict]) -> str:
         metric = r["metric"] if r["metric_b"] == r["metric"] else f"{r['metric']} vs {r['metric_b']}"
         lines.append(
             f"| {r['claim']} | {r['source']} | {metric} | {r['a']} − {r['b']} | {_claimed(r)} | "
-            f"{_points(r['difference'])} | {ci} | {r['n']} | **{r['verdict']}** |"
+            f"{_points(r['difference'])} | {ci} | {r['n']} | **{r['verdict']}** | {_p(r['p'])} | **{r['holm']}** |"
         )
     return "\n".join(lines) + "\n"
 
