@@ -1,6 +1,7 @@
 """What tests share (no test module imports another): Flower fakes for the strategy tests, tiny
 configs, sites and worlds for the site tests, docker/compose.yaml as compose reads it, and the
-files, commands and process helpers of the TLS + node authentication end-to-end tests."""
+files, commands and process helpers of the TLS + node authentication end-to-end tests, and a toy
+study whose runs are a stand-in for fedsim (the fedstudy tests)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import re
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -566,3 +568,47 @@ class LoopbackGrid(Grid):
 
     def send_and_receive(self, messages, *, timeout=None):
         return [self.deliver(m) for m in messages]
+
+
+# ---- a toy study for fedstudy: its runs write metrics the tests compute by hand ----
+
+# a stand-in for fedsim: writes metrics.json rows (round 0..R) from its overrides, then status.json
+STUDY_RUNNER = textwrap.dedent("""
+    import json, sys, pathlib
+    args = sys.argv[1:]
+    out = pathlib.Path(args[args.index("--out") + 1])
+    kv = dict(a.split("=", 1) for a in args if "=" in a and not a.startswith("-"))
+    base, seed, rounds = float(kv["x"]), int(kv["seed"]), int(kv["rounds"])
+    with open(out.parent.parent.parent / "calls.txt", "a") as f:
+        f.write(f"{out.parent.name} {seed}\\n")
+    rows = [{"round": r, "mean/R1": base + 0.01 * seed + 0.1 * r, "mean/mAP": base / 2 + 0.02 * seed}
+            for r in range(rounds + 1)]
+    rows[-1]["sites"] = {"a": {"loss": 1.0}}
+    (out / "metrics.json").write_text(json.dumps(rows))
+    (out / "fedfr_eval.json").write_text(json.dumps({"generic": {"tar": {"1e-3": 0.5 + seed}}}))
+    (out / "status.json").write_text(json.dumps({"status": "completed"}))
+""")
+
+
+def toy_study(tmp_path: Path, seeds: tuple[int, ...] = (0, 1, 2)) -> Path:
+    """toy.yaml in ``tmp_path``: two variants (low, high) of STUDY_RUNNER (``command: [-m, toy_runner]``,
+    ENTRY_POINTS patched by the test), beside it as fake_run.py."""
+    (tmp_path / "fake_run.py").write_text(STUDY_RUNNER)
+    path = tmp_path / "toy.yaml"
+    path.write_text(
+        textwrap.dedent(f"""
+        name: toy
+        description: two variants of a fake runner
+        command: [-m, toy_runner]
+        overrides: [rounds=2]
+        world: {{classes: 10}}
+        seeds: {list(seeds)}
+        metrics: [mean/R1, mean/mAP, generic/tar/1e-3]
+        variants:
+          low: {{overrides: [x=0.2]}}
+          high: {{overrides: [x=0.6]}}
+        tradeoffs:
+          - {{name: x, x_label: x, metrics: [mean/R1], points: {{low: 0.2, high: 0.6}}}}
+    """)
+    )
+    return path

@@ -29,7 +29,10 @@ interrupted study resumes where it stopped. Data the
 runs share (the synthetic world) is written once to ``<out>/data`` (``{data}`` in args and
 overrides), and the pretrained start (server/fedreid/source_pretrain.py) is trained once into
 ``<out>/data/pretrained`` (``pretrain_cache``) and reused (``{pretrained}``). Then
-``results.{json,csv,md}`` and plots are written to ``<out>`` (server/studies/results.py).
+``results.{json,csv,md}``, ``per_seed.csv`` and plots are written to ``<out>`` (server/studies/results.py).
+Every run folder gets ``study_registration.json`` before its command starts: the study hash (the
+file's SHA-256, with the overrides when there are: server/studies/registration.py) and the code
+commit; the tables refuse runs of another study hash, or without one, and name the hash and commits.
 ``scale=paper`` takes the study's ``scales.paper`` entry: its args and overrides are added, any
 other key replaced, and the runs go to ``runs/study/<name>-paper``.
 
@@ -62,6 +65,7 @@ from common.config.compose import REPO_ROOT, conf_dir
 from server.fedreid.pretrain_config import SourcePretraining
 from server.studies.baseline_names import check_baselines
 from server.studies.claims import check_claims
+from server.studies.registration import RECORD, one_study, override_key, read_record, record, registration
 from server.studies.results import curve, final_metrics, write_results
 
 STUDY_DIR = REPO_ROOT / "conf" / "study"
@@ -89,14 +93,20 @@ ENTRY_POINTS: dict[str, tuple[str, ...]] = {
 RETRIES = 1
 
 
-def load_study(name_or_path: str, overrides: list[str] | None = None) -> dict:
-    """The study config as plain data: ``conf/study/<name>.yaml`` or a path, with dot-list overrides."""
+def study_path(name_or_path: str) -> Path:
+    """The study file: a path, or ``conf/study/<name>.yaml``; SystemExit listing the studies otherwise."""
     path = Path(name_or_path)
     if not path.is_file():
         path = STUDY_DIR / f"{name_or_path}.yaml"
     if not path.is_file():
         known = sorted(p.stem for p in STUDY_DIR.glob("*.yaml"))
         raise SystemExit(f"fedstudy: no study {name_or_path!r}; expected a file or one of {known}")
+    return path
+
+
+def load_study(name_or_path: str, overrides: list[str] | None = None) -> dict:
+    """The study config as plain data: ``conf/study/<name>.yaml`` or a path, with dot-list overrides."""
+    path = study_path(name_or_path)
     cfg = OmegaConf.merge(OmegaConf.load(path), OmegaConf.from_dotlist(overrides or []))
     study = OmegaConf.to_container(cfg, resolve=False)  # data: ${...} is refused below, never resolved
     refuse_interpolations(study, path)
@@ -119,6 +129,18 @@ def load_study(name_or_path: str, overrides: list[str] | None = None) -> dict:
         check_baselines(study)
     check_claims(study)  # a claim naming an unknown variant or metric is refused before any run
     return study
+
+
+def study_registration(name_or_path: str, overrides: list[str] | None = None) -> dict:
+    """The study hash, file and hashed overrides its runs record (server/studies/registration.py); the
+    seeds the study registers are its own (the file's, at its scale), whatever ``seeds=`` says."""
+    overrides = list(overrides or [])
+    registered = load_study(name_or_path, [o for o in overrides if override_key(o) != "seeds"])["seeds"]
+    path = study_path(name_or_path).resolve()
+    reg = registration(path, overrides, registered)
+    if path.is_relative_to(REPO_ROOT):
+        reg["study_file"] = str(path.relative_to(REPO_ROOT))
+    return reg
 
 
 def entry_point(command: object, path: Path | str = "the study") -> tuple[str, ...]:
@@ -277,8 +299,11 @@ def minutes_left(elapsed_s: float, ran: int, to_run: int) -> float:
     return elapsed_s / ran * (to_run - ran) / 60
 
 
-def run_study(study: dict, out: Path, *, only: list[str] | None = None, timeout_s: float = 7200) -> dict:
-    """Run every (variant, seed) not yet completed, then write the results; returns the summary."""
+def run_study(
+    study: dict, out: Path, *, registration: dict, only: list[str] | None = None, timeout_s: float = 7200
+) -> dict:
+    """Run every (variant, seed) not yet completed, then write the results; returns the summary.
+    ``registration``: the study's hash (:func:`study_registration`), recorded in each run started."""
     out.mkdir(parents=True, exist_ok=True)
     atomic_json_save(study, out / "study.json")  # what was run, world parameters included
     variants = [v for v in study["variants"] if not only or v in only]
@@ -300,6 +325,8 @@ def run_study(study: dict, out: Path, *, only: list[str] | None = None, timeout_
             print(f"fedstudy: {variant} seed {seed}: unfinished run kept as {set_aside(run_dir)}", flush=True)
         print(f"fedstudy [{i}/{len(jobs)}] {variant} seed {seed}: running ({run_dir})", flush=True)
         for attempt in range(RETRIES + 1):
+            run_dir.mkdir(parents=True, exist_ok=True)  # the record first: a run is never without its study
+            atomic_json_save(record(registration, REPO_ROOT), run_dir / RECORD)
             code, took = run_once(cmd, run_dir, timeout_s)
             if code == 0 and completed(run_dir):
                 break
@@ -319,28 +346,35 @@ def run_study(study: dict, out: Path, *, only: list[str] | None = None, timeout_
             f"fedstudy [{i}/{len(jobs)}] {variant} seed {seed}: {took:.0f}s (about {left:.0f} min left)",
             flush=True,
         )
-    return collect(study, out, variants)
+    return collect(study, out, variants, registration=registration)
 
 
-def collect(study: dict, out: Path, variants: list[str]) -> dict:
-    """Read the finished runs and write results.{json,csv,md} and the plots."""
+def collect(study: dict, out: Path, variants: list[str], *, registration: dict) -> dict:
+    """Read the finished runs and write results.{json,csv,md}, per_seed.csv and the plots; SystemExit
+    when a run tabled carries no study hash, or not ``registration``'s (server/studies/registration.py)."""
     per_run: dict = {}
     curves: dict = {m: {} for m in study.get("curve_metrics", study["metrics"])}
+    records: dict = {}
     for variant in variants:
         for seed in study["seeds"]:
             run_dir = out / "runs" / variant / f"seed{int(seed)}"
             if not completed(run_dir):
                 continue
+            records[f"{variant}/seed{int(seed)}"] = read_record(run_dir)
             per_run.setdefault(variant, {})[int(seed)] = final_metrics(run_dir, study["metrics"])
             for m, per_variant in curves.items():
                 per_variant.setdefault(variant, []).append(curve(run_dir, m))
     first = next(iter(study["variants"]))
     done = {int(s): out / "runs" / first / f"seed{int(s)}" for s in study["seeds"]}
     done = {s: d for s, d in done.items() if completed(d)}
+    if study.get("baselines"):  # baselines are read from the first variant's runs, tabled or not
+        records |= {f"{first}/seed{s}": read_record(d) for s, d in done.items()}
+    made_by = one_study(records, registration["study_sha256"])
     from server.studies.baselines import baseline_runs
 
     per_run |= baseline_runs(study, done, study["metrics"])  # round 0, raw pixels: per seed
-    return write_results(out, study, per_run, curves)
+    provenance = {**made_by, "study_file": registration["study_file"], "overrides": registration["overrides"]}
+    return write_results(out, study, per_run, curves, provenance)
 
 
 def studies_listing() -> str:
@@ -379,14 +413,18 @@ def main(argv: list[str] | None = None) -> None:
     a, overrides = p.parse_known_args(argv)
     logging.basicConfig(level=logging.INFO, format="fedstudy: %(message)s")  # the pretraining's epochs
     study = load_study(a.study, overrides)
+    reg = study_registration(a.study, overrides)
     out = Path(a.out or Path("runs") / "study" / study["name"]).resolve()  # scale=paper: <name>-paper
     t0 = time.time()
     if a.tables_only:
-        collect(study, out, list(study["variants"]))
+        collect(study, out, list(study["variants"]), registration=reg)
     else:
-        run_study(study, out, only=a.only, timeout_s=a.timeout)
+        run_study(study, out, registration=reg, only=a.only, timeout_s=a.timeout)
     print((out / "results.md").read_text())
-    print(f"fedstudy: {time.time() - t0:.0f}s; results in {out} (results.md, results.csv, results.json, *.png)")
+    print(
+        f"fedstudy: {time.time() - t0:.0f}s; results in {out} "
+        "(results.md, results.csv, per_seed.csv, results.json, *.png)"
+    )
 
 
 if __name__ == "__main__":

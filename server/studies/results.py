@@ -3,9 +3,11 @@
 Inputs are the run folders a study wrote (``runs/<variant>/seed<k>/``), each with the usual
 ``metrics.json`` (one row per round) and, for FedFR, ``fedfr_eval.json``. Outputs, in the study
 folder: ``results.json`` (everything, per seed too), ``results.csv`` (variant, metric, mean, std, n),
-``results.md`` (the claims table and the plateau table of server/studies/claims.py, then variants x
-metrics, "mean ± std"), ``curves_<metric>.png`` (metric per round, one
-line per variant, mean over seeds with a ±std band) and one plot per trade-off the study names.
+``per_seed.csv`` (the raw data: each variant's final metrics per seed, server/studies/per_seed.py),
+``results.md`` (the study hash and code commits, the claims table and the plateau table of
+server/studies/claims.py, then variants x metrics, "mean ± std"), ``curves_<metric>.png`` (metric
+per round, one line per variant, mean over seeds with a ±std band) and one plot per trade-off the
+study names. The summary and claims tables regenerate from ``per_seed.csv`` alone (``rebuild_tables``).
 """
 
 from __future__ import annotations
@@ -17,7 +19,15 @@ from pathlib import Path
 from typing import Any
 
 from common.atomic_files import atomic_json_save, atomic_write_bytes
-from server.studies.claims import claim_rows, claims_markdown, plateau_markdown, plateau_rows
+from server.studies.claims import (
+    FAMILY_ALPHA,
+    ONE_SIDED_ALPHA,
+    claim_rows,
+    claims_markdown,
+    plateau_markdown,
+    plateau_rows,
+)
+from server.studies.per_seed import per_seed_csv, read_per_seed_csv
 
 
 def flatten(tree: Any, prefix: str = "") -> dict[str, float]:
@@ -108,17 +118,54 @@ def csv_table(summary: dict[str, dict[str, dict]], metrics: list[str]) -> str:
     return buf.getvalue()
 
 
-def write_results(study_dir: str | Path, study: dict, per_run: dict, curves: dict) -> dict:
-    """results.{json,csv,md} and plots; returns the summary."""
-    study_dir = Path(study_dir)
+def tables(study: dict, per_run: dict[str, dict[int, dict[str, float]]]) -> dict[str, Any]:
+    """What the per-seed values alone decide: the summary, the claims, and their texts (``results_csv``,
+    ``variants_md``, ``claims_md``). A variant without any seed is left out (the CSV has no row for it)."""
     metrics = list(study["metrics"])
+    per_run = {v: seeds for v, seeds in per_run.items() if seeds}
     summary = summarize(per_run, metrics)
     claims = claim_rows(study, per_run)
+    return {
+        "per_run": per_run,
+        "summary": summary,
+        "claims": claims,
+        "results_csv": csv_table(summary, metrics),
+        "variants_md": markdown_table(summary, metrics),
+        "claims_md": claims_markdown(claims),
+    }
+
+
+def rebuild_tables(study: dict, per_seed_path: str | Path) -> dict[str, Any]:
+    """The tables of :func:`tables` from a study's ``per_seed.csv`` alone (no run folder is read)."""
+    return tables(study, read_per_seed_csv(Path(per_seed_path).read_text(), list(study["metrics"])))
+
+
+def provenance_markdown(provenance: dict) -> str:
+    """The study hash (file and overrides) and the code commit(s) the runs were made by."""
+    overrides = provenance.get("overrides") or []
+    with_overrides = f" with overrides `{' '.join(overrides)}`" if overrides else ""
+    commits = ", ".join(f"`{c}`" for c in provenance.get("commits", [])) or "–"
+    return (
+        f"study: `{provenance.get('study_file', '?')}`{with_overrides}, sha256 `{provenance['study_sha256']}`  \n"
+        f"code: {commits}\n\n"
+    )
+
+
+def write_results(
+    study_dir: str | Path, study: dict, per_run: dict, curves: dict, provenance: dict | None = None
+) -> dict:
+    """results.{json,csv,md}, per_seed.csv and plots; returns the summary. ``provenance``: the study
+    hash, file, overrides and commits the runs were made by (server/studies/registration.py)."""
+    study_dir = Path(study_dir)
+    metrics = list(study["metrics"])
+    made = tables(study, per_run)
+    per_run, summary, claims = made["per_run"], made["summary"], made["claims"]
     plateaus = plateau_rows(study, curves)
     atomic_json_save(
         {
             "study": study["name"],
             "world": study.get("world", {}),
+            "registration": provenance,
             "seeds": study["seeds"],
             "metrics": metrics,
             "summary": summary,
@@ -128,14 +175,23 @@ def write_results(study_dir: str | Path, study: dict, per_run: dict, curves: dic
         },
         study_dir / "results.json",
     )
-    atomic_write_bytes(study_dir / "results.csv", csv_table(summary, metrics).encode())
-    md = f"# {study['name']}\n\n{study.get('description', '').strip()}\n\nseeds: {list(study['seeds'])}\n\n"
+    atomic_write_bytes(study_dir / "results.csv", made["results_csv"].encode())
+    atomic_write_bytes(study_dir / "per_seed.csv", per_seed_csv(per_run, metrics).encode())
+    md = f"# {study['name']}\n\n{study.get('description', '').strip()}\n\n"
+    md += provenance_markdown(provenance) if provenance else ""
+    md += f"seeds: {list(study['seeds'])}\n\n"
     if claims:
-        md += "## Claims\n\nPaired per-seed differences a − b with their 95 % t interval (server/studies/stats.py).\n\n"
-        md += claims_markdown(claims) + "\n"
+        md += (
+            "## Claims\n\nPaired per-seed differences a − b with their 95 % t interval (server/studies/stats.py); "
+            "verdict: the interval's; p: the claim's paired t test (one-sided, `within`: the larger of two); "
+            f"Holm verdict: Holm's step-down over the study's {len(claims)} claim(s) at family-wise "
+            f"alpha {FAMILY_ALPHA} (two-sided; each one-sided test at {ONE_SIDED_ALPHA}). "
+            "Per-seed values: per_seed.csv.\n\n"
+        )
+        md += made["claims_md"] + "\n"
     if plateaus:
         md += "## Plateau\n\n" + plateau_markdown(study, plateaus) + "\n"
-    md += "## Variants (mean ± std over seeds)\n\n" + markdown_table(summary, metrics)
+    md += "## Variants (mean ± std over seeds)\n\n" + made["variants_md"]
     atomic_write_bytes(study_dir / "results.md", md.encode())
     for m in study.get("curve_metrics", metrics):
         plot_curves(study_dir / f"curves_{_safe(m)}.png", m, curves.get(m, {}))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import textwrap
 
 import numpy as np
 import pytest
@@ -12,23 +11,7 @@ import server.studies.fedstudy as study_mod
 from server.run.reporting import summarize_sites
 from server.studies.fedstudy import load_study, main, run_command
 from server.studies.results import final_metrics, flatten, markdown_table, summarize
-
-# a stand-in for fedsim: writes metrics.json rows (round 0..R) from its overrides, then status.json
-FAKE_RUN = textwrap.dedent("""
-    import json, sys, pathlib
-    args = sys.argv[1:]
-    out = pathlib.Path(args[args.index("--out") + 1])
-    kv = dict(a.split("=", 1) for a in args if "=" in a and not a.startswith("-"))
-    base, seed, rounds = float(kv["x"]), int(kv["seed"]), int(kv["rounds"])
-    with open(out.parent.parent.parent / "calls.txt", "a") as f:
-        f.write(f"{out.parent.name} {seed}\\n")
-    rows = [{"round": r, "mean/R1": base + 0.01 * seed + 0.1 * r, "mean/mAP": base / 2 + 0.02 * seed}
-            for r in range(rounds + 1)]
-    rows[-1]["sites"] = {"a": {"loss": 1.0}}
-    (out / "metrics.json").write_text(json.dumps(rows))
-    (out / "fedfr_eval.json").write_text(json.dumps({"generic": {"tar": {"1e-3": 0.5 + seed}}}))
-    (out / "status.json").write_text(json.dumps({"status": "completed"}))
-""")
+from tests.fakes import STUDY_RUNNER, toy_study
 
 
 @pytest.fixture(autouse=True)
@@ -37,30 +20,8 @@ def toy_runner(tmp_path, monkeypatch):
     monkeypatch.setitem(study_mod.ENTRY_POINTS, "toy_runner", (str(tmp_path / "fake_run.py"),))
 
 
-def _study(tmp_path, seeds=(0, 1, 2)):
-    (tmp_path / "fake_run.py").write_text(FAKE_RUN)
-    path = tmp_path / "toy.yaml"
-    path.write_text(
-        textwrap.dedent(f"""
-        name: toy
-        description: two variants of a fake runner
-        command: [-m, toy_runner]
-        overrides: [rounds=2]
-        world: {{classes: 10}}
-        seeds: {list(seeds)}
-        metrics: [mean/R1, mean/mAP, generic/tar/1e-3]
-        variants:
-          low: {{overrides: [x=0.2]}}
-          high: {{overrides: [x=0.6]}}
-        tradeoffs:
-          - {{name: x, x_label: x, metrics: [mean/R1], points: {{low: 0.2, high: 0.6}}}}
-    """)
-    )
-    return path
-
-
 def test_study_tables_match_the_runs(tmp_path, capsys):
-    path = _study(tmp_path)
+    path = toy_study(tmp_path)
     out = tmp_path / "out"
     main([str(path), "--out", str(out)])
     res = json.loads((out / "results.json").read_text())
@@ -81,7 +42,7 @@ def test_study_tables_match_the_runs(tmp_path, capsys):
 
 
 def test_an_interrupted_study_resumes(tmp_path, capsys):
-    path = _study(tmp_path, seeds=(0, 1))
+    path = toy_study(tmp_path, seeds=(0, 1))
     out = tmp_path / "out"
     main([str(path), "--out", str(out), "--only", "low"])
     main([str(path), "--out", str(out)])
@@ -91,7 +52,7 @@ def test_an_interrupted_study_resumes(tmp_path, capsys):
 
 
 def test_only_takes_a_comma_list_and_leaves_overrides_alone(tmp_path):
-    path = _study(tmp_path, seeds=(0, 1))
+    path = toy_study(tmp_path, seeds=(0, 1))
     out = tmp_path / "out"
     main([str(path), "--out", str(out), "--only", "low,high", "seeds=[1]"])  # the override is not a variant
     calls = (out / "calls.txt").read_text().split("\n")
@@ -99,7 +60,7 @@ def test_only_takes_a_comma_list_and_leaves_overrides_alone(tmp_path):
 
 
 def test_failed_run_is_reported_and_not_counted(tmp_path):
-    path = _study(tmp_path, seeds=(0,))
+    path = toy_study(tmp_path, seeds=(0,))
     study = load_study(str(path), ["variants.high.overrides=[x=oops]"])
     (tmp_path / "bad.yaml").write_text(json.dumps(study))
     with pytest.raises(SystemExit, match="high seed 0 failed"):
@@ -107,7 +68,7 @@ def test_failed_run_is_reported_and_not_counted(tmp_path):
 
 
 def test_run_command_and_errors(tmp_path):
-    path = _study(tmp_path, seeds=(0,))
+    path = toy_study(tmp_path, seeds=(0,))
     study = load_study(str(path), ["seeds=[4]", "args=[--data,'{data}']"])
     cmd = run_command(study, "high", 4, tmp_path / "r", tmp_path / "d")
     assert cmd[cmd.index("--data") + 1] == str(tmp_path / "d") and "seed=4" in cmd and cmd[-1] == "x=0.6"
@@ -147,7 +108,7 @@ plateau: {metric: mean/R1, k: 1, se: 0.15}
 
 
 def test_claims_table_gives_paired_differences_and_verdicts(tmp_path, capsys):
-    path = _study(tmp_path)
+    path = toy_study(tmp_path)
     path.write_text(path.read_text() + CLAIMS)
     out = tmp_path / "out"
     main([str(path), "--out", str(out)])
@@ -165,7 +126,7 @@ def test_claims_table_gives_paired_differences_and_verdicts(tmp_path, capsys):
 
 
 def test_a_claim_naming_an_unknown_variant_is_refused_before_any_run(tmp_path):
-    path = _study(tmp_path)
+    path = toy_study(tmp_path)
     path.write_text(
         path.read_text() + CLAIMS.replace("a: high, b: low, direction: within", "a: mid, b: low, direction: within")
     )
@@ -175,7 +136,7 @@ def test_a_claim_naming_an_unknown_variant_is_refused_before_any_run(tmp_path):
 
 
 def test_scale_paper_adds_its_args_and_overrides_and_replaces_the_rest(tmp_path):
-    path = _study(tmp_path)
+    path = toy_study(tmp_path)
     scales = """
 scales:
   paper: {overrides: [engine.num_gpus=1, rounds=9], seeds: [5, 6], variants: {low: {overrides: [x=0.3]}}}
@@ -195,7 +156,7 @@ scales:
 def test_the_pretrained_start_is_made_once_and_given_to_every_run(tmp_path, monkeypatch, capsys):
     from server.fedreid import source_pretrain
 
-    path = _study(tmp_path, seeds=(0, 1))
+    path = toy_study(tmp_path, seeds=(0, 1))
     path.write_text(
         path.read_text().replace("overrides: [rounds=2]", "overrides: [rounds=2, 'model.pretrained={pretrained}']")
         + "pretrain: {domains: 2, ids_per_domain: 3}\n"
@@ -218,7 +179,7 @@ def test_the_pretrained_start_is_made_once_and_given_to_every_run(tmp_path, monk
 
 
 def test_round0_baseline_rows_and_claims_against_them(tmp_path, capsys):
-    path = _study(tmp_path)
+    path = toy_study(tmp_path)
     path.write_text(
         path.read_text()
         + "baselines: [round0]\nclaims:\n"
@@ -235,7 +196,7 @@ def test_round0_baseline_rows_and_claims_against_them(tmp_path, capsys):
 
 
 def test_a_claim_may_compare_a_with_another_metric_of_b(tmp_path, capsys):
-    path = _study(tmp_path)
+    path = toy_study(tmp_path)
     path.write_text(
         path.read_text()
         + "claims:\n  - {claim: x, source: y, metric: mean/R1, metric_b: mean/mAP, a: low, b: high, direction: greater}\n"
@@ -250,12 +211,12 @@ def test_a_claim_may_compare_a_with_another_metric_of_b(tmp_path, capsys):
 
 def test_a_run_whose_command_failed_after_its_last_round_is_run_again(tmp_path):
     # the fake runner writes a completed status.json, then exits 1 (a FedFR evaluation that failed)
-    path = _study(tmp_path, seeds=(0,))
-    (tmp_path / "fake_run.py").write_text(FAKE_RUN + "\nimport sys\nif float(kv['x']) > 0.5:\n    sys.exit(1)\n")
+    path = toy_study(tmp_path, seeds=(0,))
+    (tmp_path / "fake_run.py").write_text(STUDY_RUNNER + "\nimport sys\nif float(kv['x']) > 0.5:\n    sys.exit(1)\n")
     out = tmp_path / "out"
     with pytest.raises(SystemExit, match="high seed 0 failed"):
         main([str(path), "--out", str(out)])
-    path.write_text(path.read_text().replace("x=0.6", "x=0.4"))  # the cause fixed
+    (tmp_path / "fake_run.py").write_text(STUDY_RUNNER)  # the cause fixed in the code; the study is unchanged
     main([str(path), "--out", str(out)])
     calls = [c for c in (out / "calls.txt").read_text().split("\n") if c]
     assert calls == ["low 0", "high 0", "high 0", "high 0"]  # high twice (one retry), then again; low not
@@ -267,8 +228,8 @@ def test_a_run_that_fails_once_is_run_again_from_nothing_and_counted(tmp_path, c
         "\nmark = out.parent.parent.parent / f'failed-{out.parent.name}-{seed}'\n"
         "if not mark.exists():\n    mark.touch(); (out / 'stray').touch(); sys.exit(3)\n"
     )
-    path = _study(tmp_path, seeds=(0,))
-    (tmp_path / "fake_run.py").write_text(FAKE_RUN.replace("rows = [", once + "rows = [", 1))
+    path = toy_study(tmp_path, seeds=(0,))
+    (tmp_path / "fake_run.py").write_text(STUDY_RUNNER.replace("rows = [", once + "rows = [", 1))
     out = tmp_path / "out"
     (out / "runs" / "low" / "seed0").mkdir(parents=True)  # left unfinished by an interrupted study
     (out / "runs" / "low" / "seed0" / "old").touch()
@@ -290,7 +251,7 @@ def test_time_left_counts_only_the_runs_this_sitting_ran(tmp_path, monkeypatch):
 
     assert study_mod.minutes_left(600.0, 2, 5) == pytest.approx(300.0 / 60 * 3)  # 5 min a run, 3 to go
     assert study_mod.minutes_left(600.0, 4, 4) == 0.0
-    path = _study(tmp_path, seeds=(0, 1, 2))
+    path = toy_study(tmp_path, seeds=(0, 1, 2))
     out = tmp_path / "out"
     main([str(path), "--out", str(out), "seeds=[0,1]"])  # four runs done before the resume
     seen = []
