@@ -11,6 +11,8 @@ import json
 import shutil
 from pathlib import Path
 
+from common.world_seed import world_seed as moved
+
 DEFAULT_SITES = ["market1501", "dukemtmc", "cuhk03", "msmt17"]
 # --site-layouts real: each site's data in the real layout of the dataset it stands for
 REAL_LAYOUTS = {"market1501": "market1501", "dukemtmc": "dukemtmc", "cuhk03": "cuhk03", "msmt17": "msmt17"}
@@ -37,6 +39,7 @@ def write_data(
     targets: int = 2,
     target_images_per_id: int = 8,
     queries_per_id: int = 2,
+    world_seed: int = 0,
 ) -> dict:
     """One private dataset per site and two unseen target domains (reused only if the current
     generator wrote them with these parameters, else rewritten: see common/datasets/fingerprint.py).
@@ -45,6 +48,8 @@ def write_data(
     ``real_layouts`` writes dukemtmc, cuhk03 and msmt17 in their own layouts (read by their readers).
     ``targets`` unseen domains (``target_domains``), each with ``target_ids`` test identities of
     ``target_images_per_id`` images, ``queries_per_id`` of them queries (one per camera).
+    ``world_seed`` K draws world K: every seed below (the sites' and the targets' domains and
+    identities) becomes ``seed + 100000 * K`` (common/world_seed.py); world 0 is the fixed world.
     """
     # the generators (numpy, PIL): imported to write, so that fedsim's help and mistakes load none
     from common.datasets.layouts import write_layout
@@ -58,8 +63,8 @@ def write_data(
             "layout": layout,
             "num_ids": 2 * train_ids,
             "images_per_id": min(images_per_id, 10),
-            "seed": 10 + i,
-            "identity_seed": 1000 + i,
+            "seed": moved(10 + i, world_seed),
+            "identity_seed": moved(1000 + i, world_seed),
             "height": 128,
             "width": 64,
             **opts,
@@ -72,7 +77,8 @@ def write_data(
                 lambda root, p: write_layout(p["layout"], root, **{k: v for k, v in p.items() if k != "layout"}),
             ),
         )
-    for name, (layout, seed) in target_domains(targets).items():
+    for name, (layout, fixed_seed) in target_domains(targets).items():
+        seed = moved(fixed_seed, world_seed)
         params = {
             "num_train_ids": 2,
             "num_test_ids": target_ids,

@@ -46,6 +46,16 @@ def _class_list(text: str) -> list[int]:
         ) from None
 
 
+def _world_seed(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, found {text!r}")
+    return value
+
+
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     """fedsim's options and the Hydra overrides of the run."""
     p = argparse.ArgumentParser(
@@ -77,6 +87,13 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
         help="fedclient --no-site-process: each round's ClientApp process does the site's round",
     )
     p.add_argument("--data-dir", default=None, help="where the world is written once and reused (default OUT/data)")
+    p.add_argument(
+        "--world-seed",
+        type=_world_seed,
+        default=0,
+        help="reid world: draw world K, every site and target seed moved by 100000 * K (common/world_seed.py; "
+        "default 0: the fixed world); give each world its own --data-dir",
+    )
     p.add_argument(
         "--world",
         choices=WORLDS,
@@ -124,9 +141,15 @@ def write_world(a: argparse.Namespace, data_dir: Path) -> tuple[dict, dict, list
             targets=a.targets,
             target_images_per_id=a.target_images_per_id,
             queries_per_id=a.queries_per_id,
+            world_seed=a.world_seed,
         )
         targets = {n: roots[n] for n in target_domains(a.targets)}
     else:
+        if a.world_seed:
+            raise SystemExit(
+                f"--world-seed {a.world_seed}: only the synthetic reid world is drawn from seeds; "
+                f"--world {a.world} is a fixed dataset (leave --world-seed out)"
+            )
         if not a.world_root:
             raise SystemExit(f"--world {a.world}: name the dataset's folder with --world-root")
         roots, targets = write_class_data(
@@ -184,6 +207,8 @@ def server_overrides(
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     if "experiment=fedfr-demo" in argv:  # the FedFR demo, same options
+        if any(x == "--world-seed" or x.startswith("--world-seed=") for x in argv):
+            raise SystemExit("fedsim: --world-seed draws the reid world; the FedFR demo draws its faces from --seed")
         from server.demos.fedfr_demo import main as fedfr_main  # its tasks' code (torch, Flower): only for it
 
         return fedfr_main([a for a in argv if a != "experiment=fedfr-demo"])
