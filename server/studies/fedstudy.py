@@ -19,6 +19,7 @@ A study is a YAML file under ``conf/study/`` (or a path)::
       - {claim: ..., source: Table 2, metric: mean/R1, a: fedreid, b: fedavg, direction: greater}
     plateau: {metric: mean/R1, k: 3, se: 0.015}   # the rounds-to-plateau rule (server/studies/claims.py)
     pretrain: {backbone: resnet10, ...}  # optional: the pretrained start, {pretrained} in args/overrides
+    world_per_seed: true                 # optional: each seed its own world and pretrained start (below)
     scales:                              # optional: fedstudy NAME scale=paper
       paper: {overrides: [...], seeds: [...]}
 
@@ -33,6 +34,11 @@ overrides), and the pretrained start (server/fedreid/source_pretrain.py) is trai
 Every run folder gets ``study_registration.json`` before its command starts: the study hash (the
 file's SHA-256, with the overrides when there are: server/studies/registration.py) and the code
 commit; the tables refuse runs of another study hash, or without one, and name the hash and commits.
+With ``world_per_seed: true``, seed K draws its own world instead (docs/studies.md): ``{data}``
+is ``<out>/data/seed<K>``, every run gets ``--world-seed K`` after its args (fedsim moves every seed
+of the synthetic world by ``100000 * K``, common/world_seed.py), and the pretrained start of seed K
+is the ``pretrain:`` section with its ``seed`` moved by the same rule (one start per seed, each kept
+under its own parameters' hash in the same cache). Without it (the default) every seed shares one world.
 ``scale=paper`` takes the study's ``scales.paper`` entry: its args and overrides are added, any
 other key replaced, and the runs go to ``runs/study/<name>-paper``.
 
@@ -48,6 +54,7 @@ never resolved; both are checked before any run.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import shutil
@@ -62,6 +69,7 @@ from omegaconf import OmegaConf
 from common import processes
 from common.atomic_files import atomic_json_save
 from common.config.compose import REPO_ROOT, conf_dir
+from common.world_seed import world_seed
 from server.fedreid.pretrain_config import SourcePretraining
 from server.studies.baseline_names import check_baselines
 from server.studies.claims import check_claims
@@ -120,6 +128,7 @@ def load_study(name_or_path: str, overrides: list[str] | None = None) -> dict:
     study.setdefault("args", [])
     study.setdefault("overrides", [])
     study["variants"] = {str(v): (spec or {}) for v, spec in study["variants"].items()}
+    check_world_per_seed(study, path)
     if study.get("pretrain") is not None:
         try:
             SourcePretraining.from_dict(study["pretrain"])
@@ -129,6 +138,26 @@ def load_study(name_or_path: str, overrides: list[str] | None = None) -> dict:
         check_baselines(study)
     check_claims(study)  # a claim naming an unknown variant or metric is refused before any run
     return study
+
+
+def check_world_per_seed(study: dict, path: Path | str) -> None:
+    """SystemExit in one line unless ``world_per_seed`` is absent or a boolean and, when true, every
+    seed an integer >= 0 (the world's number) and no args of the study's own set ``--world-seed``."""
+    flag = study.get("world_per_seed", False)
+    if not isinstance(flag, bool):
+        raise SystemExit(f"fedstudy: {path} world_per_seed: expected true or false, found {flag!r}")
+    if not flag:
+        return
+    bad = [s for s in study["seeds"] if isinstance(s, bool) or not isinstance(s, int) or s < 0]
+    if bad:
+        raise SystemExit(
+            f"fedstudy: {path} world_per_seed: each seed draws world K; expected integers >= 0, found {bad}"
+        )
+    given = [str(a) for v in [study, *study["variants"].values()] for a in v.get("args", [])]
+    if any(a == "--world-seed" or a.startswith("--world-seed=") for a in given):
+        raise SystemExit(
+            f"fedstudy: {path} world_per_seed: fedstudy gives each run --world-seed K; remove it from args"
+        )
 
 
 def study_registration(name_or_path: str, overrides: list[str] | None = None) -> dict:
@@ -218,8 +247,13 @@ def fill(text: str, values: dict[str, str]) -> str:
 def run_command(
     study: dict, variant: str, seed: int, run_dir: Path, data_dir: Path, pretrained: Path | None = None
 ) -> list[str]:
-    """The command line of one run (this interpreter, the study's command, its args, the variant's)."""
+    """The command line of one run (this interpreter, the study's command, its args, the variant's).
+    ``data_dir``: the study's data folder; with ``world_per_seed`` seed K's world is its ``seed<K>``
+    folder and the run gets ``--world-seed K`` after its args."""
     spec = study["variants"][variant]
+    per_seed = bool(study.get("world_per_seed", False))
+    if per_seed:
+        data_dir = data_dir / f"seed{seed}"
     values = {"data": str(data_dir), "out": str(run_dir), "seed": str(seed)}
     if pretrained is not None:
         values["pretrained"] = str(pretrained)
@@ -233,14 +267,27 @@ def run_command(
         "--out",
         str(run_dir),
         *args,
+        *(["--world-seed", str(seed)] if per_seed else []),
         f"seed={seed}",
         *overrides,
     ]
 
 
-def pretrained_start(study: dict, out: Path) -> Path | None:
-    """The study's pretrained start (``pretrain:`` in the study file): trained once on the synthetic
-    source world, kept by its parameters' hash (server/fedreid/source_pretrain.py); None without one."""
+def pretraining(study: dict, seed: int | None = None) -> SourcePretraining:
+    """The parameters of the study's pretrained start; with ``world_per_seed``, seed K's: the
+    ``pretrain:`` section with its ``seed`` moved to ``seed + 100000 * K`` (common/world_seed.py)."""
+    p = SourcePretraining.from_dict(study["pretrain"])
+    if not study.get("world_per_seed", False):
+        return p
+    if seed is None:
+        raise ValueError("fedstudy: world_per_seed: each seed has its own pretrained start; name the seed")
+    return dataclasses.replace(p, seed=world_seed(p.seed, seed))
+
+
+def pretrained_start(study: dict, out: Path, seed: int | None = None) -> Path | None:
+    """The study's pretrained start (``pretrain:`` in the study file; with ``world_per_seed``, that of
+    ``seed``): trained once on the synthetic source world, kept by its parameters' hash
+    (server/fedreid/source_pretrain.py); None without one."""
     if study.get("pretrain") is None:
         return None
     from server.fedreid.source_pretrain import cached_pretraining  # the training (torch)
@@ -248,9 +295,7 @@ def pretrained_start(study: dict, out: Path) -> Path | None:
     cache = Path(fill(str(study.get("pretrain_cache", "{data}/pretrained")), {"data": str(out / "data")}))
     t0 = time.time()
     print(f"fedstudy: pretrained start (cache {cache})", flush=True)
-    path = cached_pretraining(
-        SourcePretraining.from_dict(study["pretrain"]), cache, study.get("pretrain_device", "cpu")
-    )
+    path = cached_pretraining(pretraining(study, seed), cache, study.get("pretrain_device", "cpu"))
     print(f"fedstudy: pretrained start {path} ({time.time() - t0:.0f}s)", flush=True)
     return path
 
@@ -312,7 +357,9 @@ def run_study(
         raise SystemExit(f"fedstudy: unknown variant(s) {unknown}; the study has {list(study['variants'])}")
     # seed-major: an interrupted study still holds every variant for its first seeds (paired claims)
     jobs = [(v, int(s)) for s in study["seeds"] for v in variants]
-    pretrained = pretrained_start(study, out)
+    per_seed = bool(study.get("world_per_seed", False))
+    pretrained = None if per_seed else pretrained_start(study, out)
+    starts: dict[int, Path | None] = {}  # world_per_seed: seed -> its start, made when a run needs it
     to_run = sum(not completed(out / "runs" / v / f"seed{s}") for v, s in jobs)
     t_study, ran = time.time(), 0
     for i, (variant, seed) in enumerate(jobs, 1):
@@ -320,7 +367,9 @@ def run_study(
         if completed(run_dir):
             print(f"fedstudy [{i}/{len(jobs)}] {variant} seed {seed}: done before, skipped", flush=True)
             continue
-        cmd = run_command(study, variant, seed, run_dir, out / "data", pretrained)
+        if per_seed and seed not in starts:
+            starts[seed] = pretrained_start(study, out, seed)
+        cmd = run_command(study, variant, seed, run_dir, out / "data", starts[seed] if per_seed else pretrained)
         if run_dir.exists():  # left unfinished by an interrupted study: its sites' state must not carry over
             print(f"fedstudy: {variant} seed {seed}: unfinished run kept as {set_aside(run_dir)}", flush=True)
         print(f"fedstudy [{i}/{len(jobs)}] {variant} seed {seed}: running ({run_dir})", flush=True)
