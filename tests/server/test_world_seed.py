@@ -11,7 +11,7 @@ import pytest
 
 from common.datasets.fingerprint import MARKER
 from common.world_seed import world_seed
-from server.demos.fedsim import parse_args, write_world
+from server.demos.fedsim import main, parse_args, write_world
 
 # the smallest world the generator takes: one site of 2 x 1 identities, one target of 2 identities
 SMALL = ["--sites", "market1501", "--train-ids", "1", "--images-per-id", "2", "--targets", "1",
@@ -65,3 +65,5 @@ def test_world_seed_rule_and_refusals(tmp_path):
     a, _ = parse_args(["--world", "fashion-mnist", "--world-seed", "1"])
     with pytest.raises(SystemExit, match="only the synthetic reid world is drawn from seeds"):
         write_world(a, tmp_path)
+    with pytest.raises(SystemExit, match="the FedFR demo draws its faces from --seed"):
+        main(["experiment=fedfr-demo", "--world-seed", "1"])
