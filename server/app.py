@@ -11,8 +11,6 @@ round in ``SecAggPlusWorkflow`` (``server/strategy/secure_aggregation.py``), aro
 With ``superlink.coordinator_key`` (``fedserver`` sets it on the deployment engine) every message
 the ServerApp sends is signed with that key (``server/flower/signing_grid.py``): sites act on nothing else.
 Flower's end-of-run ``[SUMMARY]`` goes to ``RUN_DIR/serverapp.log`` only (``server/flower/summary_log.py``).
-On the deployment engine the SuperLink's Grid is asked for replies soon after each send, then less
-often (``server/flower/prompt_grid.py``), instead of every 3 s.
 """
 
 from __future__ import annotations
@@ -31,7 +29,6 @@ from common.logs import setup_logging
 from common.processes import RUN_TAG_ENV
 from server.flower.array_exchange_grid import ArrayExchangeGrid
 from server.flower.flwr_run import check_federation_size, composed_here, serverapp_experiment
-from server.flower.prompt_grid import PromptGrid
 from server.flower.signing_grid import SigningGrid
 from server.flower.summary_log import summary_to_run_log
 from server.run.checkpoint import checkpoint_round
@@ -59,8 +56,6 @@ class FedServerApp(ServerApp):
         summary_to_run_log(cfg.run_dir)  # Flower's [SUMMARY] history to RUN_DIR/serverapp.log, not the screen
         if composed_here(context.run_config):  # `flwr run .`: as many virtual SuperNodes as sites
             check_federation_size(grid, cfg)
-        if cfg.engine.name == "deployment":  # a SuperLink's Grid: replies pulled every 0.25 s, not 3 s
-            grid = PromptGrid(grid)
         if cfg.superlink.coordinator_key:
             offset = checkpoint_round(cfg.resume_from) if cfg.resume_from else 0
             grid = SigningGrid(grid, load_coordinator_key(cfg.superlink.coordinator_key), round_offset=offset)
