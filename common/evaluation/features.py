@@ -3,8 +3,9 @@
 :func:`feature_chunks` embeds any dataset whose items start with the image tensor, batch by batch,
 in dataset order; the wrappers fix the dataset, the transform and the flip rule of each task:
 
-- Re-ID (:func:`extract_features`): ``(path, pid, camid)`` records through the Re-ID test
-  transform; with ``flip`` the feature is the mean of the image's and its mirror's (torchreid).
+- Re-ID (:func:`extract_features`, or :func:`reid_features` of a dataset already decoded):
+  ``(path, pid, camid)`` records through the Re-ID test transform; with ``flip`` the feature is the
+  mean of the image's and its mirror's (torchreid).
 - Faces (:func:`embed_chunks`, :func:`embed`, :func:`embed_dataset_chunks`): the insightface
   transform; with ``flip`` the feature is the sum of the image's and its mirror's (insightface's
   flip test, F1).
