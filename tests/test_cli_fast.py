@@ -77,6 +77,24 @@ def test_help_and_configuration_mistakes_import_neither_torch_nor_flower(tmp_pat
     assert loaded == [], f"{prog} {' '.join(args)} imported {loaded}"
 
 
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        ([], "TLS needs superlink.ca_cert, superlink.cert, superlink.key (files)"),
+        (["superlink.ca_cert=ca.crt", "superlink.cert=s.pem", "superlink.key=s.key"], "superlink.ca_cert: file not"),
+        (["superlink.insecure=true", "superlink.node_auth=true"], "superlink.node_auth=true needs TLS"),
+        (["superlink.insecure=true", "superlink.site_keys=keys"], "superlink.site_keys is set but"),
+    ],
+)
+def test_fedserver_transport_mistakes_are_one_line_before_torch(tmp_path, args, says):
+    """TLS or an explicit plain text, node authentication only over TLS: refused before the run's
+    machinery (and torch) is imported, nothing started."""
+    returncode, output, loaded = run_probe("fedserver", [f"run_dir={tmp_path / 'run'}", *args], tmp_path)
+    assert returncode == 1 and f"fedserver: {says}" in output, output
+    assert loaded == [], loaded
+    assert not (tmp_path / "run" / "superlink.log").exists()
+
+
 def test_fedserver_help_lists_every_option_of_every_config_group(tmp_path):
     from common.config.compose import experiment_groups
 

@@ -31,6 +31,7 @@ from server.deploy.app_folder import stage_app
 from server.deploy.front import FrontError, plan_front, start_front
 from server.deploy.nginx_config import FrontSpec
 from server.deploy.resume import announce_resume
+from server.deploy.superlink_settings import check_superlink_settings
 from server.run.folder import SUPERLINK_DB, check_targets, discard_superlink_state, start_new_run
 from server.strategy.sites import SITE_NODES, write_site_nodes
 from server.tasks import server_task
@@ -46,30 +47,13 @@ def build_superlink_cmd(cfg: ExperimentConfig) -> list[str]:
         str(port),
         "--disable-runtime-dependency-installation",
     ]
+    check_superlink_settings(cfg)
     sl = cfg.superlink
-    if sl.node_auth and sl.insecure:
-        raise SystemExit(
-            "fedserver: superlink.node_auth=true needs TLS (superlink.ca_cert/cert/key), not superlink.insecure=true"
-        )
-    if sl.site_keys and not sl.node_auth:
-        raise SystemExit(
-            "fedserver: superlink.site_keys is set but superlink.node_auth=false: "
-            "set superlink.node_auth=true, or any site could join"
-        )
     if sl.node_auth:
         cmd.append("--enable-supernode-auth")
     if sl.insecure:
         cmd.append("--insecure")
     else:
-        missing = [k for k in ("ca_cert", "cert", "key") if not getattr(sl, k)]
-        if missing:
-            raise SystemExit(
-                f"fedserver: TLS needs superlink.{', superlink.'.join(missing)} (files), "
-                "or set superlink.insecure=true to run in plain text"
-            )
-        for k in ("ca_cert", "cert", "key"):
-            if not Path(getattr(sl, k)).is_file():
-                raise SystemExit(f"fedserver: superlink.{k}: file not found: {getattr(sl, k)}")
         cmd += ["--ssl-ca-certfile", sl.ca_cert, "--ssl-certfile", sl.cert, "--ssl-keyfile", sl.key]
     return cmd
 

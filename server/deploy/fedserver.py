@@ -20,6 +20,7 @@ from common.config.experiment import ExperimentConfig
 from common.config.structured import ConfigError
 from common.writable import NotWritableError, check_writable
 from server.deploy import admin
+from server.deploy.superlink_settings import check_superlink_settings
 
 USAGE = """usage: fedserver [KEY=VALUE ...] [GROUP=OPTION ...]
 
@@ -111,6 +112,8 @@ def main(argv: list[str] | None = None) -> None:
         check_writable(cfg.run_dir, "run_dir")
     except NotWritableError as e:
         raise SystemExit(f"fedserver: {e}") from None
+    if cfg.engine.name == "deployment" and cfg.fedfr.stage != "pretrain":  # a pre-training starts no SuperLink
+        check_superlink_settings(cfg)  # TLS or an explicit insecure=true: one line now, not after the imports
     from server.deploy.coordinator import run  # the run's machinery (torch, Flower): only to run
 
     sys.exit(run(cfg, resume=bool(resume)))
