@@ -1,5 +1,5 @@
 """fedclient's exit status (client.process.run_end): only a run that reached its last round is a success;
-refused sites with real processes are in tests/e2e/test_refused_site.py."""
+refused sites with real processes are in tests/e2e/test_registered_sites_e2e.py."""
 
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ received the same global model), and the coordinator's released model must equal
 quantisation bound 2R/Q per value (plus float32 rounding). One of the three insists on secure
 aggregation (``privacy.require_secure_aggregation=true``, its default minimum of 3 sites summed): it
 checks every stage, trains, and its update is in the sum. (The same site under a coordinator without
-secure aggregation: tests/e2e/test_require_secure_aggregation_e2e.py.)
+secure aggregation: tests/e2e/test_plain_federation_e2e.py.)
 """
 
 import time

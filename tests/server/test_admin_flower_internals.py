@@ -1,6 +1,6 @@
 """server/deploy/admin.py's list_nodes uses five Flower internals (the Control API client the CLI uses;
 ``flwr supernode list`` shows no site names). This fails at once, without a SuperLink, when a Flower
-release moves or reshapes them; tests/e2e/test_tls_auth_e2e.py exercises them against a real one."""
+release moves or reshapes them; tests/e2e/test_registered_sites_e2e.py exercises them against a real one."""
 
 import inspect
 

@@ -1,6 +1,6 @@
 """server/deploy/control_guard.py without a SuperLink: which paths need the token, the token's files,
 the command that runs Flower's SuperLink through the guard, and the Flower hook it uses
-(tests/e2e/test_control_api_local_user.py attacks a real one as another user)."""
+(tests/e2e/test_plain_federation_e2e.py attacks a real one as another user)."""
 
 from __future__ import annotations
 

@@ -4,7 +4,7 @@
 Where else each option runs: DP's max_epsilon stop and FedFR's target epsilon in tests/whole_runs/test_dp_runs.py
 (DP is the coordinator's strategy alone: the runtime carrying the messages does not change it);
 SecAgg+ over real site processes in tests/e2e/test_secure_aggregation_e2e.py (4 sites, one killed
-after the key exchange) and tests/e2e/test_require_secure_aggregation_e2e.py (the sites' switch).
+after the key exchange) and tests/e2e/test_plain_federation_e2e.py (the sites' switch).
 
 DP: epsilon in metrics.json equals dp-accounting's RDP accountant called here, and every update
 longer than C is clipped to C exactly. Secure aggregation: the coordinator saw no update alone (no
