@@ -308,7 +308,7 @@ def start_superexec(a: argparse.Namespace, state_dir: str, home: Path) -> tuple[
     runner = SiteSupervisor(
         a.site,
         superexec_cmd(a.port, secret),
-        processes.tool_env(home, {superexec.POLL_INTERVAL_ENV: str(SUPEREXEC_POLL_S)}),
+        processes.tool_env(home, {superexec.POLL_INTERVAL_ENV: superexec_poll_s()}),
         max_restarts=a.site_restarts,
         what="SuperExec",
         restart="restarting it",
@@ -316,9 +316,18 @@ def start_superexec(a: argparse.Namespace, state_dir: str, home: Path) -> tuple[
     return secret, runner
 
 
-# the SuperExec asks the SuperNode for a ClientApp task this often: a round's message waits on the
-# SuperNode until the next ask, up to a whole second per round at Flower's default of one second
-SUPEREXEC_POLL_S = 0.1
+# the SuperExec asks the SuperNode for a ClientApp task this often, for as long as the site runs: each
+# ask costs CPU in both processes, also while the site waits for a round, and a round's message
+# waits on the SuperNode until the next ask (Flower's default: one second). Flower's own
+# FLWR_SUPEREXEC_TASK_POLL_INTERVAL in fedclient's environment wins (benchmarks/site_idle_cpu.py).
+SUPEREXEC_POLL_S = 0.5
+
+
+def superexec_poll_s() -> str:
+    """The SuperExec's task poll interval: FLWR_SUPEREXEC_TASK_POLL_INTERVAL when set, else SUPEREXEC_POLL_S."""
+    return os.environ.get(superexec.POLL_INTERVAL_ENV) or str(SUPEREXEC_POLL_S)
+
+
 # how long the SuperExec waits for the SuperNode's local port before it starts anyway (it then retries)
 SUPERNODE_START_S = 60.0
 
