@@ -105,6 +105,10 @@ def measure(poll_s: float, seconds: float, work: Path) -> dict:
             by_process[name] = round(by_process.get(name, 0.0) + (after[p.pid] - before[p.pid]) / wall, 4)
     return {
         "site_cpu_fraction_of_one_core": round(sum(by_process.values()), 4),
+        # the two processes the interval drives (a ClientApp that runs meanwhile is the run's own work)
+        "supernode_and_superexec": round(
+            by_process.get("flower-supernode", 0) + by_process.get("flower-superexec", 0), 4
+        ),
         "by_process": by_process,
         "longest_wait_for_a_message_s": poll_s,
     }

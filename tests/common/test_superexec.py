@@ -81,3 +81,12 @@ def test_coordinator_superlink_and_superexec_share_the_secret(tmp_path, monkeypa
     # the SuperLink's one port, dialled on loopback; the ServerApp finds the experiment through the env
     assert runner[runner.index("--runtime-api-address") + 1] == "127.0.0.1:19092"
     assert runner_env == link_env and coordinator.SERVERAPP_ENV in runner_env
+
+
+def test_the_sites_superexec_polls_at_the_shipped_interval_unless_flowers_variable_says_otherwise(monkeypatch):
+    monkeypatch.delenv(superexec.POLL_INTERVAL_ENV, raising=False)
+    assert float(fedclient.superexec_poll_s()) == fedclient.SUPEREXEC_POLL_S == 0.5
+    monkeypatch.setenv(superexec.POLL_INTERVAL_ENV, "0.2")  # an operator who wants a shorter wait per message
+    assert fedclient.superexec_poll_s() == "0.2"
+    home_env = fedclient.processes.tool_env(None, {superexec.POLL_INTERVAL_ENV: fedclient.superexec_poll_s()})
+    assert home_env[superexec.POLL_INTERVAL_ENV] == "0.2"
