@@ -37,7 +37,7 @@ REPO = Path(__file__).resolve().parents[1]
 WARM_UP_S = 15  # after the SuperExec's first ask: the site's start-up work is over
 
 
-def site_processes(state_dir: Path, fedclient: subprocess.Popen) -> list[psutil.Process]:
+def site_processes(fedclient: subprocess.Popen) -> list[psutil.Process]:
     """fedclient and every process it started (site process, SuperNode, SuperExec)."""
     root = psutil.Process(fedclient.pid)
     return [root, *root.children(recursive=True)]
@@ -86,12 +86,12 @@ def measure(poll_s: float, seconds: float, work: Path) -> dict:
             else:
                 os.environ[superexec.POLL_INTERVAL_ENV] = old
         deadline = time.monotonic() + 180
-        while not any(label(p) == "flower-superexec" for p in site_processes(site.state_dir, proc)):
+        while not any(label(p) == "flower-superexec" for p in site_processes(proc)):
             if time.monotonic() > deadline or proc.poll() is not None or server.poll() is not None:
                 raise SystemExit(f"the site did not start its SuperExec; logs:\n{launcher.logs()}")
             time.sleep(0.5)
         time.sleep(WARM_UP_S)
-        procs = site_processes(site.state_dir, proc)
+        procs = site_processes(proc)
         names = {p.pid: label(p) for p in procs}
         before, t0 = cpu_seconds(procs), time.monotonic()
         time.sleep(seconds)
