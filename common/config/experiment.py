@@ -166,6 +166,9 @@ class EvalConfig:
     # the targets' images are decoded and resized once and kept across evaluations (uint8, H x W x 3 bytes
     # each) when all of them fit in this many MB; 0 = read every image again at every evaluation
     keep_decoded_mb: float = 2048.0
+    # round k's evaluation runs on the coordinator's writer thread while round k+1 trains (the same
+    # numbers: the same code and thread count); false = the sites wait for it (the last round's always)
+    background: bool = True
     # name -> TargetConfig (typed in __post_init__: `++eval.targets.NAME.root=...` adds a plain mapping)
     targets: dict[str, Any] = field(default_factory=dict)
 

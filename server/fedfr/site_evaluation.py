@@ -102,6 +102,7 @@ class SiteEvaluation:
                 log.warning("dropped %s", e)
         means = summarize(per_site)
         flat = {f"personal/{row}/{k}": v for row, m in means.items() for k, v in m.items()}
+        self.reporter.flush()  # the round's own row first (evaluated on the reporter's thread)
         self.reporter.metrics.update(server_round, {**flat, "site_eval": per_site, "site_eval_failures": failures})
         atomic_json_save(
             {

@@ -3,11 +3,15 @@
 round ``global_final.pt``, ``curves.png`` and ``status.json``.
 
 A round's checkpoint is a snapshot taken at the report and written by one writer thread while the
-next round goes on (the sites wait for no file). The
-writes keep their order; the next report waits for the previous write and raises its error, if
-any, and the last round's report waits for its own before ``global_final.pt`` is written. A
-coordinator killed while a write is under way keeps the previous round's checkpoint (the write is
-atomic), as it does when killed during the round.
+next round goes on (the sites wait for no file). With ``eval.background`` (the default) the round's
+evaluation runs on that thread too, before its row, progress line and checkpoint: the sites train
+the next round meanwhile instead of waiting for the scores, which are the same (the same code and
+torch thread count; the evaluation draws no global random numbers). The writes keep their order;
+the next report waits for the previous round's evaluation and write and raises their error, if
+any; the last round is evaluated at its report, which waits for its own write before
+``global_final.pt`` is written. A coordinator killed while an evaluation or a write is under way
+keeps the previous round's checkpoint (the write is atomic), as it does when killed during the
+round. Flower's own history gets the headline numbers of the rounds evaluated at their report.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 
-from common.checkpoint import atomic_json_save, atomic_torch_save, save_global_checkpoint
+from common.checkpoint import atomic_json_save, atomic_torch_save, save_global_checkpoint, to_plain
 from common.config.experiment import ExperimentConfig
 from common.processes import rss_mb
 from server.run.checkpoint import CHECKPOINT, ServerCheckpoint, capture_rng, server_checkpoint
@@ -59,12 +63,14 @@ class RoundReporter:
         self._pending: Future | None = None
 
     def flush(self) -> None:
-        """Wait until the last round's checkpoint is on disk; a failed write raises here."""
+        """Wait until the last round's evaluation, row and checkpoint are done; their error raises here."""
         pending, self._pending = self._pending, None
         if pending is not None:
             pending.result()
 
     def __call__(self, rnd: int, arrays: list[np.ndarray], site_models: dict | None, rec: RoundRecord) -> dict:
+        # the previous round's evaluation and checkpoint first: its row precedes this one, its error is raised here
+        self.flush()
         row: dict = {"round": rnd, "elapsed_s": round(time.time() - self.t0, 2), "server_rss_mb": _rss_mb()}
         if rnd == 0 and self.embedding_init:
             row["embedding_init"] = self.embedding_init
@@ -89,11 +95,9 @@ class RoundReporter:
         if rec.dp_epsilon is not None:
             row["dp_epsilon"] = rec.dp_epsilon
         every = self.cfg.eval.every
-        if self.score is not None and every > 0 and (rnd % every == 0 or rnd == self.last_round):
-            row |= self._evaluate(arrays, site_models)
-        self.metrics.add(row)
-        # everything needed to continue after this round (server/deploy/resume.py): a snapshot now, one
-        # atomic write on the writer thread
+        due = self.score is not None and every > 0 and (rnd % every == 0 or rnd == self.last_round)
+        # everything needed to continue after this round (server/deploy/resume.py): a snapshot now, the
+        # round's metrics added once its row is complete, one atomic write on the writer thread
         snapshot = server_checkpoint(
             ServerCheckpoint(
                 round=rnd,
@@ -103,12 +107,38 @@ class RoundReporter:
                 config=self.cfg.to_dict(),
                 strategy=self.strategy_state(),
                 rng=capture_rng(),
-                metrics=self.metrics.rows,
+                metrics=[],
                 elapsed_s=time.time() - self.t0,
             ),
         )
-        self.flush()
+        if due and self.cfg.eval.background and rnd < self.last_round:
+            # the evaluation runs while the next round trains, with the same thread count (the same
+            # numbers); the next report waits for it, so rows, lines and checkpoints keep their order
+            models = {s: [np.array(a, copy=True) for a in m] for s, m in site_models.items()} if site_models else None
+            self._pending = self._writer.submit(self._complete_round, rnd, row, arrays, models, rec, snapshot)
+            return {}
+        if due:
+            row |= self._evaluate(arrays, site_models)
+        shown = self._record(rnd, row, rec, snapshot)
         self._pending = self._writer.submit(atomic_torch_save, snapshot, self.run_dir / CHECKPOINT)
+        if rnd == self.last_round:
+            self.finish(arrays)
+        # Flower logs what is returned here every round: keep it to the headline numbers
+        return shown
+
+    def _complete_round(
+        self, rnd: int, row: dict, arrays: list[np.ndarray], site_models: dict | None, rec: RoundRecord, snapshot: dict
+    ) -> None:
+        """A round evaluated on the writer thread: its scores, its row and line, then its checkpoint."""
+        row |= self._evaluate(arrays, site_models)
+        self._record(rnd, row, rec, snapshot)
+        atomic_torch_save(snapshot, self.run_dir / CHECKPOINT)
+
+    def _record(self, rnd: int, row: dict, rec: RoundRecord, snapshot: dict) -> dict:
+        """Add the round's row to the metrics (and to its checkpoint's snapshot), print its line;
+        returns the headline numbers."""
+        self.metrics.add(row)
+        snapshot["metrics"] = to_plain(self.metrics.rows)
         shown = {
             k: v
             for k, v in row.items()
@@ -121,9 +151,6 @@ class RoundReporter:
             + (f" | epsilon {rec.dp_epsilon:.3g}" if rec.dp_epsilon is not None else ""),
             flush=True,
         )
-        if rnd == self.last_round:
-            self.finish(arrays)
-        # Flower logs what is returned here every round: keep it to the headline numbers
         return {k: v for k, v in row.items() if k.startswith("mean/")}
 
     def _evaluate(self, arrays: list[np.ndarray], site_models: dict | None) -> dict:

@@ -26,6 +26,9 @@ def evaluation(tmp_path):
     log = MetricsLog(tmp_path / "run", [{"round": 2, "replied": 2}])
     reporter = SimpleNamespace(metrics=log, last_round=3, completed=[])
     reporter.complete = lambda: reporter.completed.append(True)
+    # the round's own row is on the reporter's thread until flushed: the site figures wait for it
+    reporter.flushed = []
+    reporter.flush = lambda: reporter.flushed.append(dict(log.rows[-1]))
     return SiteEvaluation(cfg, reporter), tmp_path / "run"
 
 
@@ -81,6 +84,8 @@ def test_the_round_records_the_mean_over_sites_and_every_sites_figures(evaluatio
     assert set(row["site_eval"]) == {"face1", "face2"} and "secret_key" not in row["site_eval"]["face2"]
     assert row["site_eval"]["face1"]["personal/rank-1"] == 1.0 and row["site_eval_failures"] == 0
     assert ev.reporter.completed == []  # not the last round
+    # the reporter was flushed (its round row complete) before the sites' figures were added to it
+    assert ev.reporter.flushed[0] == {"round": 2, "replied": 2}
     report = json.loads((run / SITE_EVAL_FILE).read_text())
     assert report["round"] == 2 and report["sites"] == ["face1", "face2"]
     assert report["personalised"]["FedFR Theta_g"]["rank-1"] == pytest.approx(0.75)
