@@ -54,7 +54,11 @@ def feature_chunks(
     if flip not in (None, "mean", "sum"):
         raise ValueError(f"flip: expected None, 'mean' or 'sum', found {flip!r}")
     model.eval().to(device)
-    loader = DataLoader(dataset, batch_size=batch_size, shuffle=False, num_workers=num_workers)
+    # a generator of its own: each iterator draws its base seed from it, not from torch's global RNG,
+    # so an evaluation beside training in the same process (eval.background) leaves the training's draws as they are
+    loader = DataLoader(
+        dataset, batch_size=batch_size, shuffle=False, num_workers=num_workers, generator=torch.Generator()
+    )
     for x, *_ in track_batches(loader, progress) if progress else loader:
         x = x.to(device)  # (B, 3, H, W)
         f = model(x)  # (B, d)
