@@ -66,16 +66,9 @@ def prepare(study: dict, variant: str, seed: int, out: Path, extra: list[str]) -
 
 
 def time_run(cmd: list[str], run_dir: Path) -> dict:
-    """The study's command, as fedstudy runs it: wall seconds and its final metrics row."""
-    from common import processes
-
+    """The study's command, run by fedstudy's own ``run_once``: wall seconds and its evaluated metrics."""
     shutil.rmtree(run_dir, ignore_errors=True)
-    run_dir.mkdir(parents=True)
-    t0 = time.perf_counter()
-    proc = processes.start(cmd, processes.tool_env(), log_path=run_dir / "study_run.log", cwd=REPO)
-    code = proc.wait(timeout=7200)
-    wall = time.perf_counter() - t0
-    processes.stop(proc, grace_s=30)
+    code, wall = fedstudy.run_once(cmd, run_dir, timeout_s=7200)
     if code != 0:
         raise SystemExit(f"study_floor: the run exited {code}; see {run_dir / 'study_run.log'}")
     rows = json.loads((run_dir / "metrics.json").read_text())
