@@ -126,7 +126,9 @@ def evaluate_rank(
         # a view of the rows' range: the matrix is read where it is, never copied chunk by chunk
         return distmat[rows[0] : rows[-1] + 1], rows - rows[0]
 
-    return _evaluate(block, plan, max_rank, chunk_size, bytes_per_item=max(distmat.dtype.itemsize, 4))
+    # Nothing of a chunk's size is allocated per item (rows are compared in place): one byte an item
+    # only bounds a chunk to ~16M items, large chunks grouping their queries by match count best.
+    return _evaluate(block, plan, max_rank, chunk_size, bytes_per_item=1)
 
 
 def evaluate_rank_features(
