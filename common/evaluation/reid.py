@@ -34,8 +34,8 @@ implementation needs. A histogram of the row by distance buckets would make the 
 of the number of matches, but numpy's histogram (``np.bincount``) is a scalar loop that costs more
 per item than the comparisons of a typical query. Queries with many matches (the crossover grows
 with log G) sort their row once instead (numpy's SIMD sort) and binary-search each match. Where
-``==`` finds more than the match itself, the tied items of smaller gallery index are counted from
-the row. Every comparison is an ordinary numpy comparison in the matrix's dtype (float16 is
+more items than the match have its distance, the tied items of smaller gallery index are counted
+too (on the ``==`` mask, or on the row of a sorted query). Every comparison is an ordinary numpy comparison in the matrix's dtype (float16 is
 widened to float32, which holds it exactly), which gives the order's edge cases for free: NaN is
 neither below nor equal to any distance (it ranks last), -0.0 == +0.0 (a tie), +/-inf compare as
 usual. All counts are integers: the ranks, hence the CMC, are exact; each AP adds its precisions
@@ -51,7 +51,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -320,7 +320,7 @@ def _compute_dtype(dtype: np.dtype) -> np.dtype:
 
 
 def _average_precision(ranks: np.ndarray, n: np.ndarray) -> np.ndarray:
-    """AP per query from the 0-based sorted ranks of its n true matches (padding ignored)."""
+    """AP per query from the 0-based ascending ranks of its n true matches (padding ignored)."""
     hits = np.arange(1, ranks.shape[1] + 1, dtype=np.float64)
     # precision at the j-th true match = j / (its 1-based position), added in order: a sum that
     # does not depend on the padding's width (that is, on which queries share a chunk)
@@ -381,14 +381,13 @@ def _count_keys_below(
     """below[c, j] = #{g : (d[g], g) < (thr[c, j], idx[c, j])} with d = dist[local[c]], exact.
 
     Queries with many matches sort their row once and binary-search; the others are counted by
-    comparisons (:class:`_MaskCounter`). Exact ties of a match's distance are then resolved by
-    gallery index.
+    comparisons (:class:`_MaskCounter`). Where more items than the match have its distance (an
+    exact tie), the tied items of smaller gallery index are counted too.
     """
     # In order of decreasing match count (``by_n``): groups of rows with about as many matches.
     by_n = np.argsort(-n, kind="stable")
-    n, rows, thr_n = n[by_n], local[by_n], thr[by_n]
+    n, rows, thr_n, idx_n = n[by_n], local[by_n], thr[by_n], idx[by_n]
     below_n = np.zeros(thr.shape, dtype=np.int64)
-    equal = np.zeros(thr.shape, dtype=np.int64)
     n_sorted = int(np.count_nonzero(n >= _sort_min_matches(dist.shape[1], counter.dtype)))
     for c0 in range(0, n_sorted, counter.max_rows):
         # one (SIMD) sort of each row, in the counter's buffer, then a binary search per true match
@@ -396,21 +395,21 @@ def _count_keys_below(
         sorted_rows.sort(axis=1)
         for c, row in enumerate(sorted_rows, start=c0):
             t = thr_n[c, : n[c]]
-            below_n[c, : n[c]] = np.searchsorted(row, t, side="left")
-            equal[c, : n[c]] = np.searchsorted(row, t, side="right") - below_n[c, : n[c]]
+            below_n[c, : n[c]] = lo = np.searchsorted(row, t, side="left")
+            for j in np.flatnonzero(np.searchsorted(row, t, side="right") - lo > 1).tolist():
+                below_n[c, j] += np.count_nonzero(dist[rows[c], : idx_n[c, j]] == t[j])
     for c0, c1, j0, j1 in counter.groups(n, n_sorted):
         x = counter.gather(dist, rows[c0:c1])
-        below_n[c0:c1, j0:j1], equal[c0:c1, j0:j1] = counter.count(x, thr_n[c0:c1, j0:j1])
-    equal[np.arange(thr.shape[1]) >= n[:, None]] = 0  # padding: never a tie
-    _add_tied_before(below_n, equal, thr_n, idx[by_n], lambda c: dist[rows[c]], dist.shape[1])
+        below_n[c0:c1, j0:j1] = counter.count(x, thr_n[c0:c1, j0:j1], idx_n[c0:c1, j0:j1], n[c0:c1] - j0)
     below = np.empty_like(below_n)
     below[by_n] = below_n
     return below
 
 
 class _MaskCounter:
-    """Counts, per row and threshold, the items below and equal to the threshold: two comparisons
-    per (row, threshold) pair into bool masks, then the masks' True entries counted per pair.
+    """Counts, per (row, match) pair, the items whose key is below the match's: two comparisons
+    per pair (``<`` and ``==`` the match's distance) into bool masks, the masks' True entries
+    counted per pair, and on an exact tie the ``==`` entries before the match's gallery index.
 
     A group of rows is copied into a small reused buffer and compared with all its thresholds at
     once (one broadcast comparison per kind), so the rows and masks stay in the CPU's cache.
@@ -433,7 +432,7 @@ class _MaskCounter:
         self._sums = np.empty((2, self.pairs, blocks), dtype=np.uint64)
         self._views: dict[tuple[int, int], tuple[np.ndarray, ...]] = {}
 
-    def groups(self, n: np.ndarray, start: int):
+    def groups(self, n: np.ndarray, start: int) -> Iterator[tuple[int, int, int, int]]:
         """(c0, c1, j0, j1): rows c0:c1 (from ``start``; rows ordered by non-increasing n) with
         their matches j0:j1, at most ``pairs`` pairs and ``max_rows`` rows each."""
         c0 = start
@@ -457,8 +456,9 @@ class _MaskCounter:
         out[...] = dist[rows]
         return out
 
-    def count(self, rows: np.ndarray, thr: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(#{rows[c] < thr[c, j]}, #{rows[c] == thr[c, j]}), each (C, J)."""
+    def count(self, rows: np.ndarray, thr: np.ndarray, idx: np.ndarray, n: np.ndarray) -> np.ndarray:
+        """(C, J) counts of the items of ``rows[c]`` below ``thr[c, j]``, or equal to it with an
+        index below ``idx[c, j]``; pairs j >= n[c] are padding (their counts are not used)."""
         views = self._views.get(thr.shape)
         if views is None:  # the few group shapes recur: their views are made once
             c, j = thr.shape
@@ -470,8 +470,12 @@ class _MaskCounter:
         np.less(x, t, out=less)
         np.equal(x, t, out=same)
         np.add.reduce(words, axis=3, out=sums)
-        counts = lanes.sum(axis=2, dtype=np.int64).reshape(2, *thr.shape)
-        return counts[0], counts[1]
+        below, equal = lanes.sum(axis=2, dtype=np.int64).reshape(2, *thr.shape)
+        # exact ties (rare but with coarse distances): the tied items of smaller index, counted on
+        # the == mask still in the buffer
+        for c, j in zip(*np.nonzero((equal > 1) & (np.arange(thr.shape[1]) < n[:, None]))):
+            below[c, j] += np.count_nonzero(same[c, j, : idx[c, j]])
+        return below
 
 
 def _sort_min_matches(num_g: int, dtype: np.dtype) -> int:
@@ -479,20 +483,3 @@ def _sort_min_matches(num_g: int, dtype: np.dtype) -> int:
     comparisons. The same for every ``dtype``: sorting and comparing scale alike with item size."""
     lo, hi = _SORT_MIN_MATCHES_RANGE
     return int(min(hi, max(lo, math.ceil(_SORT_MATCHES_PER_LOG2 * math.log2(max(num_g, 2))))))
-
-
-def _add_tied_before(
-    below: np.ndarray,
-    equal: np.ndarray,
-    thr: np.ndarray,
-    idx: np.ndarray,
-    rows_of: Callable[[np.ndarray], np.ndarray],
-    num_g: int,
-) -> None:
-    """Exact ties: add the items whose distance equals the match's and whose index is smaller."""
-    tied_c, tied_j = np.nonzero(equal > 1)  # padding has equal == 0
-    step = max(1, _CHUNK_BYTES // (8 * max(num_g, 1)))  # rows re-read at once: ~8 bytes an item
-    for s in range(0, tied_c.size, step):
-        c, j = tied_c[s : s + step], tied_j[s : s + step]
-        same = (rows_of(c) == thr[c, j, None]) & (np.arange(num_g) < idx[c, j, None])
-        below[c, j] += np.count_nonzero(same, axis=1)
