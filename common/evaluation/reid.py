@@ -294,6 +294,7 @@ def _evaluate(
         if counter is None:  # its buffers serve every chunk
             counter = _MaskCounter(plan.num_g, _compute_dtype(dist.dtype))
         ranks, n = _match_ranks(dist, local, rows, plan, counter)
+        del dist  # before the next chunk's distances are made
         first_hits += np.bincount(np.minimum(ranks[:, 0], max_rank), minlength=max_rank + 1)
         ap[start : start + rows.size] = _average_precision(ranks, n)
     # float32 sum / count like torchreid (counts are exact in float32 up to 2**24 queries).
