@@ -474,8 +474,9 @@ class _MaskCounter:
         below, equal = lanes.sum(axis=2, dtype=np.int64).reshape(2, *thr.shape)
         # exact ties (rare but with coarse distances): the tied items of smaller index, counted on
         # the == mask still in the buffer
-        for c, j in zip(*np.nonzero((equal > 1) & (np.arange(thr.shape[1]) < n[:, None]))):
-            below[c, j] += np.count_nonzero(same[c, j, : idx[c, j]])
+        if equal.max() > 1:
+            for c, j in zip(*np.nonzero((equal > 1) & (np.arange(thr.shape[1]) < n[:, None]))):
+                below[c, j] += np.count_nonzero(same[c, j, : idx[c, j]])
         return below
 
 
