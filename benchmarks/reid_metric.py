@@ -10,7 +10,8 @@
   ``rng.random`` are multiples of 2**-24, so a few true matches tie exactly with another item and
   torchreid's unstable argsort may order them differently: the mAP can differ in the ~1e-10s.
   The same torchreid code with a stable argsort is also run on a third of the queries and must
-  agree exactly.
+  agree: the same ranks, so the same CMC, and the mAP up to the rounding of sums added in
+  another order.
 * MSMT17-sized feature-based run (11,659 x 82,161, 512-d, 3,060 ids, 15 cameras) of
   ``evaluate_rank_features`` in a fresh subprocess: seconds and peak memory.
 

@@ -269,3 +269,133 @@ def test_sort_and_comparison_paths_agree_with_the_reference_at_any_crossover(mon
         expected = reference_rank(distmat, *ids, max_rank=20)
         for chunk in (1, 9, None):
             assert_same(evaluate_rank(distmat, *ids, max_rank=20, chunk_size=chunk), expected)
+
+
+# --------------------------------------------------------------------------- edge values
+
+
+def assert_exact(got, expected):
+    """The reference's numbers up to float rounding (one rank off moves the mAP by far more)."""
+    cmc, mAP = got
+    cmc_ref, mAP_ref, _ = expected
+    assert cmc.dtype == np.float32 and cmc.shape == cmc_ref.shape
+    np.testing.assert_allclose(cmc, cmc_ref, rtol=0, atol=1e-7)
+    np.testing.assert_allclose(mAP, mAP_ref, rtol=0, atol=1e-12)
+
+
+def edge_ids(rng, num_q, num_g):
+    """3 identities, 2 cameras; query 0 always has a true match (gallery item 0)."""
+    q_pids, g_pids = rng.integers(0, 3, num_q), rng.integers(0, 3, num_g)
+    q_camids, g_camids = np.zeros(num_q, dtype=np.int64), rng.integers(0, 2, num_g)
+    g_pids[0], g_camids[0] = q_pids[0], 1
+    return q_pids, g_pids, q_camids, g_camids
+
+
+def edge_distmat(rng, kind, ids):
+    """float64 distances of ``kind``, with many exact ties. NaN only where the gallery item has another
+    pid than the query (a NaN distance of a same-pid item is refused)."""
+    q_pids, g_pids = ids[0], ids[1]
+    shape = (q_pids.size, g_pids.size)
+    if kind == "special":  # NaN, +/-inf, -0.0 and +0.0, negatives, tiny and large values
+        values = [np.nan, np.inf, -np.inf, 0.0, -0.0, 1.0, -1.0, 0.5, -2.5, 1e-30, 3.0e4]
+        distmat = rng.choice(np.array(values), shape)
+        distmat[(q_pids[:, None] == g_pids[None, :]) & np.isnan(distmat)] = -0.0
+    elif kind == "small_int":  # few distinct values: ties in every row
+        distmat = rng.integers(-2, 3, shape).astype(np.float64)
+    elif kind == "constant_rows":  # rows of a single value (ranked by gallery index); every third not
+        distmat = np.repeat(rng.choice([-0.0, 0.0, 1.0, -np.inf, np.inf], (shape[0], 1)), shape[1], axis=1)
+        distmat[::3] = rng.integers(0, 2, distmat[::3].shape)
+    else:  # "near": 3-decimal values in [-0.5, 0.5], a few ties per row, zeros of both signs
+        distmat = rng.integers(-500, 501, shape) / 1000
+        zeros = distmat == 0
+        distmat[zeros] = rng.choice([-0.0, 0.0], int(zeros.sum()))
+    return distmat
+
+
+def as_dtype(distmat, dtype):
+    if np.dtype(dtype).kind in "iu":  # NaN and +/-inf become large values, negatives shift up if unsigned
+        distmat = np.nan_to_num(distmat, nan=90, posinf=70, neginf=-70)
+        distmat = np.round(distmat * 10) + (80 if np.dtype(dtype).kind == "u" else 0)
+    return distmat.astype(dtype)
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64, np.int8, np.int64, np.uint8])
+@pytest.mark.parametrize("kind", ["special", "small_int", "constant_rows", "near"])
+@pytest.mark.parametrize("num_g", [1, 2, 5, 97])
+@pytest.mark.parametrize("threshold", [1, None, 10**9])
+def test_edge_values_against_reference(monkeypatch, dtype, kind, num_g, threshold):
+    """Every query sorted (1), the crossover measured on this CPU (None), every query by comparison
+    passes (10**9)."""
+    from common.evaluation import reid
+
+    if threshold is not None:
+        monkeypatch.setattr(reid, "_sort_min_matches", lambda num_g, dtype: threshold)
+    rng = np.random.default_rng(num_g * 31 + len(kind))
+    ids = edge_ids(rng, 23, num_g)
+    distmat = as_dtype(edge_distmat(rng, kind, ids), dtype)
+    max_rank = min(10, num_g)
+    expected = reference_rank(distmat, *ids, max_rank=max_rank)
+    for chunk in (1, 4, None):
+        assert_exact(evaluate_rank(distmat, *ids, max_rank=max_rank, chunk_size=chunk), expected)
+
+
+def test_int64_beyond_float_precision():
+    # Distances 2**62 + k: distinct int64 values that float64 would round together.
+    rng = np.random.default_rng(62)
+    ids = edge_ids(rng, 20, 60)
+    distmat = np.int64(2**62) + rng.integers(0, 4, (20, 60))
+    assert np.unique(distmat.astype(np.float64)).size == 1
+    expected = reference_rank(distmat, *ids, max_rank=20)
+    for chunk in (1, None):
+        assert_exact(evaluate_rank(distmat, *ids, max_rank=20, chunk_size=chunk), expected)
+
+
+def test_signed_zeros_tie_and_rank_by_gallery_index():
+    # -0.0 == +0.0: a tie, broken by the gallery index whatever the sign.
+    # Query pid 1, camera 0; g1 and g3 are true matches (camera 1), the others distractors.
+    distmat = np.array([[0.0, -0.0, -1.0, 0.0, -0.0]], dtype=np.float32)
+    ids = ([1], [2, 1, 3, 1, 4], [0], [1, 1, 1, 1, 1])
+    # order: g2 (-1.0), then g0, g1, g3, g4 tied at zero in index order -> hits at positions 3 and 4
+    cmc, mAP = evaluate_rank(distmat, *ids, max_rank=5)
+    np.testing.assert_array_equal(cmc, [0, 0, 1, 1, 1])
+    assert mAP == pytest.approx((1 / 3 + 2 / 4) / 2, abs=1e-15)
+    assert_exact((cmc, mAP), reference_rank(distmat, *ids, max_rank=5))
+
+
+@pytest.mark.parametrize("num_g", [2040, 2048, 4100])
+def test_large_rows_counted_exactly(num_g):
+    """Rows of the sizes where the counting's word blocks are full: a match with every other item
+    before it, constant rows (every item tied), random small integers and random floats."""
+    rng = np.random.default_rng(num_g)
+    num_q = 6
+    g_pids = np.full(num_g, 2)
+    g_pids[[0, num_g // 2, num_g - 1]] = 1  # the query's true matches: first, middle and last
+    ids = (np.ones(num_q, dtype=np.int64), g_pids, np.zeros(num_q, dtype=np.int64), np.ones(num_g, dtype=np.int64))
+    distmat = np.empty((num_q, num_g), dtype=np.float32)
+    distmat[0] = np.arange(num_g)[::-1]  # the last item (a match) is the nearest
+    distmat[1] = np.arange(num_g)
+    distmat[1, num_g // 2] = num_g + 1  # the middle match is the farthest: every item before it
+    distmat[2] = 0.0  # every item tied: ranked by index
+    distmat[3] = -np.inf
+    distmat[4] = rng.integers(0, 3, num_g)
+    distmat[5] = rng.random(num_g, dtype=np.float32)
+    expected = reference_rank(distmat, *ids, max_rank=50)
+    for chunk in (1, None):
+        assert_exact(evaluate_rank(distmat, *ids, max_rank=50, chunk_size=chunk), expected)
+        assert_exact(evaluate_rank(distmat.astype(np.float64), *ids, max_rank=50, chunk_size=chunk), expected)
+
+
+@pytest.mark.parametrize("threshold", [1, 10**9])
+def test_features_path_ties_both_ways(monkeypatch, threshold):
+    """The features path (its chunks are not read twice) with exact ties: every query sorted, or
+    every query by comparison passes."""
+    from common.evaluation import reid
+
+    monkeypatch.setattr(reid, "_sort_min_matches", lambda num_g, dtype: threshold)
+    rng = np.random.default_rng(threshold % 89)
+    qf = rng.integers(-1, 2, (30, 4)).astype(np.float64)
+    gf = rng.integers(-1, 2, (400, 4)).astype(np.float64)
+    ids = make_ids(rng, 30, 400, num_ids=3, num_cams=3)
+    expected = reference_rank(distance_matrix(qf, gf), *ids, max_rank=50)
+    for chunk in (1, 7, None):
+        assert_exact(evaluate_rank_features(qf, gf, *ids, max_rank=50, chunk_size=chunk), expected)
