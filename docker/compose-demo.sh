@@ -18,8 +18,10 @@
 #
 # Environment: DOCKER_COMPOSE (default: detected, docker/compose-cli.sh), FEDREID_DEMO_DIR (default
 # docker/demo), FEDREID_DEMO_PROJECT (compose project, default fedreid-demo), FEDREID_DEMO_TIMEOUT_S
-# (default 3600), FEDREID_DEMO_ROUNDS (default 6, FedFR 2), FEDREID_BASE_IMAGE, FEDREID_TORCH_INDEX_URL,
-# FEDREID_IMAGE, GPU, TASK (fedreid or fedfr).
+# (default 3600), FEDREID_DEMO_ROUNDS (default 6, FedFR 2), FEDREID_DEMO_SCALE (full, the default, or quick:
+# the machinery at its smallest, experiment compose-demo-quick / compose-fedfr-demo-quick, what
+# tests/e2e/test_docker_compose.py runs), FEDREID_BASE_IMAGE, FEDREID_TORCH_INDEX_URL, FEDREID_IMAGE, GPU,
+# TASK (fedreid or fedfr).
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 say() { echo "compose-demo: $*"; }
@@ -43,6 +45,12 @@ case "$task" in
   fedfr) files=(-f "$here/compose.yaml" -f "$here/compose.fedfr-demo.yaml") ;;
   *) die "expected TASK=fedreid or TASK=fedfr, found TASK=$task" ;;
 esac
+scale="${FEDREID_DEMO_SCALE:-full}"
+case "$scale" in
+  full) suffix="" ;;
+  quick) suffix="-quick" ;;
+  *) die "expected FEDREID_DEMO_SCALE=full or FEDREID_DEMO_SCALE=quick, found FEDREID_DEMO_SCALE=$scale" ;;
+esac
 if [ -n "${GPU:-}" ]; then
   files+=(-f "$here/compose.gpu.yaml")
   export SITE_DEVICE=cuda
@@ -54,7 +62,7 @@ image="${FEDREID_IMAGE:-$([ -n "${GPU:-}" ] && echo fedreid:cuda || echo fedreid
 export FEDREID_DEMO_DIR="$demo_dir" FEDREID_SECRETS="$demo_dir/secrets" \
   MARKET1501_DATA="$demo_dir/data/market1501" DUKEMTMC_DATA="$demo_dir/data/dukemtmc" \
   CUHK03_DATA="$demo_dir/data/cuhk03" MSMT17_DATA="$demo_dir/data/msmt17" \
-  FEDREID_EXPERIMENT="$([ "$task" = fedfr ] && echo compose-fedfr-demo || echo compose-demo)" \
+  FEDREID_EXPERIMENT="$([ "$task" = fedfr ] && echo compose-fedfr-demo || echo compose-demo)$suffix" \
   FEDREID_RUN="$task" FEDREID_SITES="$([ "$task" = fedfr ] && echo '[face1,face2,face3,face4]' || echo '[market1501,dukemtmc,cuhk03,msmt17]')" \
   FEDREID_ROUNDS="${FEDREID_DEMO_ROUNDS:-$([ "$task" = fedfr ] && echo 2 || echo 6)}" FEDREID_MIN_SITES=4 FEDREID_BATCH_SIZE=32 \
   FEDREID_PORT=127.0.0.1: FEDREID_UID=10001 FEDREID_GID=10001
@@ -117,7 +125,7 @@ say "building $image and fedreid-proxy:latest (the first build downloads torch: 
 # ---- a fresh deployment: secrets, keys, registry and data, made in a container of the image
 down
 say "secrets, site keys and synthetic data in $demo_dir (in a container)"
-if ! log="$(docker run --rm --user 0:0 -v "$demo_dir:/demo" "$image" python -m server.demos.compose_demo setup /demo "$task" 2>&1)"; then
+if ! log="$(docker run --rm --user 0:0 -v "$demo_dir:/demo" "$image" python -m server.demos.compose_demo setup /demo "$task" "$scale" 2>&1)"; then
   echo "$log" | tail -n 20 >&2
   die "expected the demo's secrets and data in $demo_dir, the setup container failed (above)"
 fi

@@ -1,6 +1,6 @@
 """``make compose-demo``'s two steps that run inside a container of the image (docker/compose-demo.sh).
 
-    python -m server.demos.compose_demo setup DEMO_DIR [fedreid|fedfr]   # secrets, site keys, registry, synthetic data
+    python -m server.demos.compose_demo setup DEMO_DIR [fedreid|fedfr] [full|quick]   # secrets, site keys, registry, data
     python -m server.demos.compose_demo result RUN_DIR                   # the one result line of the finished run
 
 ``setup`` does what docker/README.md's operator and sites do before a first start, with the
@@ -9,7 +9,8 @@ service), each site's key pair as ``fedclient keygen`` writes it (``common.secur
 coordinator's code imports no site code) and ``fedserver register-site``, then the demo's synthetic
 data: for FedReID (server/demos/fedreid_demo.py) each site in the layout of the dataset it stands for and
 the two unseen target domains the coordinator evaluates on; for FedFR the face world and its
-pre-trained generic model (server/demos/fedfr_compose_demo.py). Everything is handed to the image's user
+pre-trained generic model (server/demos/fedfr_compose_demo.py), pre-trained as the scale's experiment says
+(``quick``: ``compose-fedfr-demo-quick``, the machinery check of tests/e2e/test_docker_compose.py). Everything is handed to the image's user
 (the compose services run as it), keys readable by it alone.
 
 ``result`` reads ``metrics.json``: for FedReID the global model's mean R1 / mAP on the unseen domains
@@ -36,9 +37,11 @@ TRAIN_IDS, IMAGES_PER_ID, TARGET_IDS = 40, 8, 30
 
 
 TASKS = ("fedreid", "fedfr")
+# FEDREID_DEMO_SCALE (docker/compose-demo.sh): the demo itself, or its machinery at its smallest
+SCALES = {"full": "", "quick": "-quick"}  # the suffix of the compose experiment's name
 
 
-def setup(demo_dir: Path, task: str = "fedreid", uid: int = IMAGE_UID) -> None:
+def setup(demo_dir: Path, task: str = "fedreid", scale: str = "full", uid: int = IMAGE_UID) -> None:
     """secrets/{tls,sites,registry} and the task's data under ``demo_dir``, owned by ``uid``."""
     secrets, data = demo_dir / "secrets", demo_dir / "data"
     if certs_main([str(secrets / "tls"), "--host", "superlink"]) != 0:
@@ -51,7 +54,7 @@ def setup(demo_dir: Path, task: str = "fedreid", uid: int = IMAGE_UID) -> None:
             [str(secrets / "sites" / f"{site}.pub"), "--site", site, "--keys-dir", str(secrets / "registry")]
         )
     if task == "fedfr":
-        fedfr_demo.write_world(demo_dir)
+        fedfr_demo.write_world(demo_dir, fedfr_demo.EXPERIMENT + SCALES[scale])
     else:
         write_data(
             data,
@@ -97,10 +100,16 @@ def result_line(rows: list[dict]) -> str:
 
 
 def main(argv: list[str]) -> None:
-    setup_args = argv[:1] == ["setup"] and len(argv) in (2, 3) and (len(argv) == 2 or argv[2] in TASKS)
+    setup_args = (
+        argv[:1] == ["setup"]
+        and 2 <= len(argv) <= 4
+        and (len(argv) < 3 or argv[2] in TASKS)
+        and (len(argv) < 4 or argv[3] in SCALES)
+    )
     if not setup_args and not (argv[:1] == ["result"] and len(argv) == 2):
         raise SystemExit(
-            f"usage: python -m server.demos.compose_demo setup DEMO_DIR [{'|'.join(TASKS)}] | result RUN_DIR; found {argv}"
+            f"usage: python -m server.demos.compose_demo setup DEMO_DIR [{'|'.join(TASKS)}] [{'|'.join(SCALES)}] "
+            f"| result RUN_DIR; found {argv}"
         )
     if argv[0] == "setup":
         setup(Path(argv[1]), *argv[2:])

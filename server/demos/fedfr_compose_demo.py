@@ -21,13 +21,14 @@ SITES = ["face1", "face2", "face3", "face4"]
 EXPERIMENT = "compose-fedfr-demo"
 
 
-def write_world(demo_dir: Path) -> None:
-    """``demo_dir/data/{public,ijbc,split}`` and ``demo_dir/pretrained/pretrained.pt``."""
+def write_world(demo_dir: Path, experiment: str = EXPERIMENT) -> None:
+    """``demo_dir/data/{public,ijbc,split}`` and ``demo_dir/pretrained/pretrained.pt``, pre-trained as
+    ``experiment`` (the compose run's own) says."""
     a, _ = parse_args(["--out", str(demo_dir)])
     roots = write_data(demo_dir / "data", SITES, a)
     cfg = compose_experiment(
         [
-            f"experiment={EXPERIMENT}",
+            f"experiment={experiment}",
             f"run_dir={demo_dir / 'pretrain'}",
             f"fedfr.public_root={roots['public']}",
             f"fedfr.pretrained={demo_dir / 'pretrained' / 'pretrained.pt'}",

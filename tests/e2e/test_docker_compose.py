@@ -7,8 +7,8 @@ fedreid-base:bookworm with debootstrap since Docker Hub cannot be reached here; 
 it when it exists (users without it build on python:3.11-slim).
 
 The target builds the images, makes the secrets, keys and synthetic data in a container, runs the
-coordinator, its proxy and four sites (six rounds; two here) and prints one result line; this test
-runs it in a project and folder of its own. While training goes on, a container of the image on the sites'
+coordinator, its proxy and four sites (six rounds; here two, at the quick scale: FEDREID_DEMO_SCALE=quick)
+and prints one result line; this test runs it in a project and folder of its own. While training goes on, a container of the image on the sites'
 network tries what the proxy must refuse: `flwr run` and key registration through the public port
 (the Control API), and the SuperLink's own loopback port. Then it checks the result line against
 the run's metrics.json, each site's state volume, and that `make compose-down` leaves nothing.
@@ -189,9 +189,11 @@ def test_make_compose_demo_then_compose_down(task: str):
     before = {name: _image_id(name) for name in IMAGES}
     demo_dir = Path(tempfile.mkdtemp(prefix="fedreid-compose-demo-"))
     project = f"fedreidtest{task}{os.getpid()}"
-    # two rounds: the machinery (a user's demo runs six, docker/compose-demo.sh)
+    # the machinery: two rounds at the quick scale (experiment compose-demo-quick / compose-fedfr-demo-quick:
+    # two steps a site a round, the FedFR pre-training 2 epochs); a user's demo runs six rounds of 20 steps
     env = {**os.environ, "FEDREID_DEMO_DIR": str(demo_dir), "FEDREID_DEMO_PROJECT": project, "TASK": task}
     env["FEDREID_DEMO_ROUNDS"] = "2"
+    env["FEDREID_DEMO_SCALE"] = "quick"
     t0 = time.monotonic()
     demo = Make("compose-demo", env)
     try:
@@ -326,6 +328,8 @@ def _check_demo(demo: Make, project: str, demo_dir: Path, t0: float) -> None:
         volume_exec(image, runs, "/runs", "import os, json; print(json.dumps(sorted(os.listdir('/runs/fedreid'))))")
     )
     assert {"metrics.json", "status.json", "global_final.pt", "config.json"} <= set(outputs), outputs
+    config = json.loads(volume_exec(image, runs, "/runs", "print(open('/runs/fedreid/config.json').read())"))
+    assert (config["name"], config["train"]["max_steps_per_epoch"]) == ("compose-demo-quick", 2), config["name"]
     # ---- the sites' updates went through the proxy: array chunks pushed (POST /v1/fleet/push-object,
     # each under the body cap) from all four site containers, none refused as too large (413)
     proxy_lines = ok(["docker", "logs", proxy], 60).splitlines()

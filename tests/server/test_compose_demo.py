@@ -6,6 +6,7 @@ on hand-made metrics rows, and the `compose-demo` experiment against the demo it
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 
@@ -99,3 +100,41 @@ def test_fedfr_preset_decays_within_its_two_rounds_and_reads_the_mounted_world()
 def test_setup_refuses_an_unknown_task_in_one_line():
     with pytest.raises(SystemExit, match=r"setup DEMO_DIR \[fedreid\|fedfr\].*found \['setup', 'x', 'nope'\]"):
         main(["setup", "x", "nope"])
+
+
+def _flat(cfg, prefix: str = "") -> dict:
+    out = {}
+    for k, v in (dataclasses.asdict(cfg) if dataclasses.is_dataclass(cfg) else cfg).items():
+        out.update(_flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+    return out
+
+
+@pytest.mark.parametrize(
+    ("full", "changed"),
+    [
+        ("compose-demo", {"name": "compose-demo-quick", "train.max_steps_per_epoch": 2}),
+        (
+            "compose-fedfr-demo",
+            {
+                "name": "compose-fedfr-demo-quick",
+                "fedfr.local_epochs": 1,
+                "fedfr.pretrain_epochs": 2,
+                "fedfr.pretrain_milestones": [],
+            },
+        ),
+    ],
+)
+def test_quick_scale_is_its_demo_with_less_training_and_nothing_else(full, changed):
+    """FEDREID_DEMO_SCALE=quick (what the docker test runs) changes the amount of training only."""
+    a = _flat(compose_experiment([f"experiment={full}"]))
+    b = _flat(compose_experiment([f"experiment={full}-quick"]))
+    assert b.pop("run_dir") == a.pop("run_dir").replace(full, f"{full}-quick")  # named for the experiment
+    assert {k: b[k] for k in a if a[k] != b[k]} == changed
+    assert set(a) == set(b)
+    script = (REPO_ROOT / "docker" / "compose-demo.sh").read_text()
+    assert 'quick) suffix="-quick"' in script  # the script's name for the scale is this experiment's
+
+
+def test_setup_refuses_an_unknown_scale_in_one_line():
+    with pytest.raises(SystemExit, match=r"\[full\|quick\].*found \['setup', 'x', 'fedfr', 'tiny'\]"):
+        main(["setup", "x", "fedfr", "tiny"])
