@@ -121,7 +121,16 @@ class FedFRClient(SiteClient):
 
     def train_round(self, r: FedFRRound) -> dict[str, float]:
         training = LocalTraining.from_config(self.f)
-        stats = train_local(r.model, r.global_backbone, r.prev_backbone, r.loader, r.opt, training, device=self.device)
+        stats = train_local(
+            r.model,
+            r.global_backbone,
+            r.prev_backbone,
+            r.loader,
+            r.opt,
+            training,
+            device=self.device,
+            use_channels_last=self.cfg.train.channels_last,
+        )
         stats["hard_negatives"] = float(r.hard_negatives.size)
         stats["lr"] = r.lr
         return stats

@@ -29,6 +29,7 @@ from common.losses.contrastive import moon_contrastive_loss
 from common.losses.cosface import CosFaceLoss, balanced_cosface_loss
 from common.losses.hard_negatives import select_hard_negatives
 from common.losses.margin_bce import margin_bce_loss
+from common.models.channels_last import channels_last
 from common.models.fedfr import FedFRModel
 
 
@@ -108,8 +109,10 @@ def train_local(
     t: LocalTraining,
     *,
     device: torch.device,
+    use_channels_last: bool = False,
 ) -> dict[str, float]:
     """E local epochs of the FedFR objective (module docstring). Returns mean losses per step.
+    ``use_channels_last``: train.channels_last (common/models/channels_last.py).
 
     ``con_first`` is L_con on the first batch: log 2 exactly when f_prev = f_glob (first round).
     """
@@ -122,42 +125,46 @@ def train_local(
     plain_cosface = CosFaceLoss(t.s, t.m)
     sums = {"loss": 0.0, "cos": 0.0, "con": 0.0, "bce": 0.0, "acc": 0.0}
     steps, con_first = 0, float("nan")
-    for _ in range(t.epochs):
-        batches = itertools.islice(loader, t.max_steps_per_epoch or None)
-        for x, y, pub in batches:
-            x, y, pub = x.to(device), y.to(device), pub.to(device)
-            f = model.backbone(x)  # (B, d)
-            if t.use_public:  # balanced CosFace over [Phi_g ; W_l] (K_g + K_l classes)
-                l_cos = balanced_cosface_loss(f, y, model.public_proxies, model.local_proxies, t.s, t.m, is_public=pub)
-            else:  # FedAvg baseline: the K_l local classes only
-                l_cos = plain_cosface(f, y, model.local_proxies)
-            loss = a1 * l_cos
-            if t.contrastive and a2 > 0:
+    # train.channels_last
+    with channels_last(use_channels_last, model, global_backbone, prev_backbone) as layout:
+        for _ in range(t.epochs):
+            batches = itertools.islice(loader, t.max_steps_per_epoch or None)
+            for x, y, pub in batches:
+                x, y, pub = layout(x.to(device)), y.to(device), pub.to(device)
+                f = model.backbone(x)  # (B, d)
+                if t.use_public:  # balanced CosFace over [Phi_g ; W_l] (K_g + K_l classes)
+                    l_cos = balanced_cosface_loss(
+                        f, y, model.public_proxies, model.local_proxies, t.s, t.m, is_public=pub
+                    )
+                else:  # FedAvg baseline: the K_l local classes only
+                    l_cos = plain_cosface(f, y, model.local_proxies)
+                loss = a1 * l_cos
+                if t.contrastive and a2 > 0:
+                    with torch.no_grad():
+                        f_glob, f_prev = global_backbone(x), prev_backbone(x)
+                    l_con = moon_contrastive_loss(f, f_glob, f_prev, t.tau)
+                    loss = loss + a2 * l_con
+                    sums["con"] += l_con.item()
+                    if steps == 0:
+                        con_first = l_con.item()
+                if t.dfc and a3 > 0:
+                    cos = model.dfc(f)  # (B, K_l)
+                    l_bce = margin_bce_loss(
+                        cos, torch.where(pub, -1, y), model.dfc.bias, lam=t.bce_lambda, r=t.bce_r, m=t.bce_m, t=t.bce_t
+                    )
+                    loss = loss + a3 * l_bce
+                    sums["bce"] += l_bce.item()
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                optimizer.step()
                 with torch.no_grad():
-                    f_glob, f_prev = global_backbone(x), prev_backbone(x)
-                l_con = moon_contrastive_loss(f, f_glob, f_prev, t.tau)
-                loss = loss + a2 * l_con
-                sums["con"] += l_con.item()
-                if steps == 0:
-                    con_first = l_con.item()
-            if t.dfc and a3 > 0:
-                cos = model.dfc(f)  # (B, K_l)
-                l_bce = margin_bce_loss(
-                    cos, torch.where(pub, -1, y), model.dfc.bias, lam=t.bce_lambda, r=t.bce_r, m=t.bce_m, t=t.bce_t
-                )
-                loss = loss + a3 * l_bce
-                sums["bce"] += l_bce.item()
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            with torch.no_grad():
-                local = ~pub
-                if local.any():
-                    pred = (F.normalize(f[local], dim=1) @ F.normalize(model.local_proxies, dim=1).T).argmax(1)
-                    sums["acc"] += (pred == y[local]).float().mean().item()
-            sums["loss"] += loss.item()
-            sums["cos"] += l_cos.item()
-            steps += 1
+                    local = ~pub
+                    if local.any():
+                        pred = (F.normalize(f[local], dim=1) @ F.normalize(model.local_proxies, dim=1).T).argmax(1)
+                        sums["acc"] += (pred == y[local]).float().mean().item()
+                sums["loss"] += loss.item()
+                sums["cos"] += l_cos.item()
+                steps += 1
     if steps == 0:
         raise RuntimeError("local training ran no step: the site has no training image")
     return {k: v / steps for k, v in sums.items()} | {"steps": float(steps), "con_first": con_first}

@@ -100,6 +100,7 @@ class FedReIDClient(SiteClient):
             device=self.device,
             max_steps_per_epoch=t.max_steps_per_epoch,
             label_offset=r.label_offset,
+            use_channels_last=t.channels_last,
         )
 
     def state_to_keep(self, st, r: ReIDRound, stats, server_round) -> FedReIDSiteState:

@@ -11,6 +11,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from common.losses.kd import expert_kd_loss
+from common.models.channels_last import channels_last
 
 
 def make_optimizer(
@@ -56,41 +57,44 @@ def train_round(
     device: torch.device,
     max_steps_per_epoch: int = 0,
     label_offset: int = 0,
+    use_channels_last: bool = False,
 ) -> dict[str, float]:
     """t_max local epochs/steps. Client: L = L^C + L^R (Eq. 3, 9, 13); expert: L^E (Eq. 11).
 
     ``loader`` yields (view_a, view_b, pid, camid): the client model sees view_a and the expert
     view_b of the same images (separate random augmentation). Without an expert: L = L^C.
     ``label_offset``: a common head (fedavg baseline) holds the site's identities at logits
-    offset..offset+Z_i-1 (common/config/modes.py).
+    offset..offset+Z_i-1 (common/config/modes.py). ``use_channels_last``: train.channels_last
+    (common/models/channels_last.py).
     """
     model.train().to(device)
     if expert is not None:
         expert.train().to(device)
     sums = {"loss": 0.0, "ce": 0.0, "kd": 0.0, "expert_ce": 0.0, "acc": 0.0}
     steps = 0
-    for xa, xb, y, _ in _batches(loader, unit, iters, max_steps_per_epoch):
-        xa, xb, y = xa.to(device), xb.to(device), y.to(device) + label_offset
-        logits = model(xa)  # d, (B, Z)
-        ce = F.cross_entropy(logits, y)  # Eq. (9)
-        loss = ce
-        if expert is not None:
-            expert_logits = expert(xb)  # d', (B, Z)
-            expert_ce = F.cross_entropy(expert_logits, y)  # Eq. (11)
-            kd = expert_kd_loss(logits, expert_logits, temperature)  # Eq. (12)-(13)
-            loss = ce + kd  # Eq. (3)
-            expert_optimizer.zero_grad(set_to_none=True)
-            expert_ce.backward()
-            expert_optimizer.step()
-            sums["kd"] += kd.item()
-            sums["expert_ce"] += expert_ce.item()
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        sums["loss"] += loss.item()
-        sums["ce"] += ce.item()
-        sums["acc"] += (logits.argmax(1) == y).float().mean().item()
-        steps += 1
+    with channels_last(use_channels_last, model, expert) as layout:  # train.channels_last
+        for xa, xb, y, _ in _batches(loader, unit, iters, max_steps_per_epoch):
+            xa, xb, y = layout(xa.to(device)), layout(xb.to(device)), y.to(device) + label_offset
+            logits = model(xa)  # d, (B, Z)
+            ce = F.cross_entropy(logits, y)  # Eq. (9)
+            loss = ce
+            if expert is not None:
+                expert_logits = expert(xb)  # d', (B, Z)
+                expert_ce = F.cross_entropy(expert_logits, y)  # Eq. (11)
+                kd = expert_kd_loss(logits, expert_logits, temperature)  # Eq. (12)-(13)
+                loss = ce + kd  # Eq. (3)
+                expert_optimizer.zero_grad(set_to_none=True)
+                expert_ce.backward()
+                expert_optimizer.step()
+                sums["kd"] += kd.item()
+                sums["expert_ce"] += expert_ce.item()
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            sums["loss"] += loss.item()
+            sums["ce"] += ce.item()
+            sums["acc"] += (logits.argmax(1) == y).float().mean().item()
+            steps += 1
     if steps == 0:
         raise RuntimeError("local training ran no step: the site has fewer images than one batch")
     return {k: v / steps for k, v in sums.items()} | {"steps": float(steps)}

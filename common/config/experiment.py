@@ -91,6 +91,9 @@ class TrainConfig:
     num_workers: int = 0
     threads: int = 0  # torch threads per site process (0 = torch default)
     max_steps_per_epoch: int = 0  # 0 = whole epoch; >0 caps an epoch (demo/tests)
+    # true: local training in the channels-last layout (faster convolutions on GPUs and many CPUs; the
+    # same to float rounding, not bit for bit: common/models/channels_last.py)
+    channels_last: bool = False
 
 
 @dataclass
