@@ -29,6 +29,13 @@ class VirtualSiteConfig:
     device: str = ""  # "" = cuda when engine.num_gpus > 0, else cpu
 
 
+def on_this_machine(ray_address: str) -> bool:
+    """A Ray cluster's address on loopback ("127.0.0.1:6379", "localhost:6379"): a head on this machine
+    only (fedstudy's shared instance, server/studies/shared_ray.py), whose workers read this machine's files."""
+    host = ray_address.rpartition(":")[0].strip("[]") if ":" in ray_address else ray_address
+    return host == "localhost" or host == "::1" or host.startswith("127.")
+
+
 @dataclass
 class EngineConfig:
     name: str = "deployment"  # deployment | simulation
@@ -89,11 +96,11 @@ class EngineConfig:
             )
         if self.array_exchange not in ARRAY_EXCHANGES:
             raise bad("array_exchange", f"one of {', '.join(ARRAY_EXCHANGES)}", self.array_exchange)
-        if self.array_exchange == "files" and self.ray_address:
+        if self.array_exchange == "files" and self.ray_address and not on_this_machine(self.ray_address):
             raise bad(
                 "array_exchange",
-                "ray or auto with engine.ray_address (the files are in this machine's memory; a Ray "
-                "cluster's workers on other machines cannot read them)",
+                "ray or auto with an engine.ray_address other than a loopback one (the files are in this "
+                "machine's memory; a Ray cluster's workers on other machines cannot read them)",
                 self.array_exchange,
             )
         extra = sorted(set(self.sites) - set(site_names))

@@ -75,6 +75,7 @@ from server.studies.baseline_names import check_baselines
 from server.studies.claims import check_claims
 from server.studies.registration import RECORD, one_study, override_key, read_record, record, registration
 from server.studies.results import curve, final_metrics, write_results
+from server.studies.shared_ray import study_ray
 
 STUDY_DIR = REPO_ROOT / "conf" / "study"
 REQUIRED = ("name", "command", "seeds", "metrics", "variants")
@@ -345,10 +346,17 @@ def minutes_left(elapsed_s: float, ran: int, to_run: int) -> float:
 
 
 def run_study(
-    study: dict, out: Path, *, registration: dict, only: list[str] | None = None, timeout_s: float = 7200
+    study: dict,
+    out: Path,
+    *,
+    registration: dict,
+    only: list[str] | None = None,
+    timeout_s: float = 7200,
+    shared_ray: bool = True,
 ) -> dict:
     """Run every (variant, seed) not yet completed, then write the results; returns the summary.
-    ``registration``: the study's hash (:func:`study_registration`), recorded in each run started."""
+    ``registration``: the study's hash (:func:`study_registration`), recorded in each run started.
+    ``shared_ray``: the simulation runs share one Ray instance (server/studies/shared_ray.py)."""
     out.mkdir(parents=True, exist_ok=True)
     atomic_json_save(study, out / "study.json")  # what was run, world parameters included
     variants = [v for v in study["variants"] if not only or v in only]
@@ -362,39 +370,42 @@ def run_study(
     starts: dict[int, Path | None] = {}  # world_per_seed: seed -> its start, made when a run needs it
     to_run = sum(not completed(out / "runs" / v / f"seed{s}") for v, s in jobs)
     t_study, ran = time.time(), 0
-    for i, (variant, seed) in enumerate(jobs, 1):
-        run_dir = out / "runs" / variant / f"seed{seed}"
-        if completed(run_dir):
-            print(f"fedstudy [{i}/{len(jobs)}] {variant} seed {seed}: done before, skipped", flush=True)
-            continue
-        if per_seed and seed not in starts:
-            starts[seed] = pretrained_start(study, out, seed)
-        cmd = run_command(study, variant, seed, run_dir, out / "data", starts[seed] if per_seed else pretrained)
-        if run_dir.exists():  # left unfinished by an interrupted study: its sites' state must not carry over
-            print(f"fedstudy: {variant} seed {seed}: unfinished run kept as {set_aside(run_dir)}", flush=True)
-        print(f"fedstudy [{i}/{len(jobs)}] {variant} seed {seed}: running ({run_dir})", flush=True)
-        for attempt in range(RETRIES + 1):
-            run_dir.mkdir(parents=True, exist_ok=True)  # the record first: a run is never without its study
-            atomic_json_save(record(registration, REPO_ROOT), run_dir / RECORD)
-            code, took = run_once(cmd, run_dir, timeout_s)
-            if code == 0 and completed(run_dir):
-                break
-            if attempt == RETRIES:
-                raise SystemExit(
-                    f"fedstudy: {variant} seed {seed} failed (exit {code}) after {took:.0f}s; "
-                    f"see {run_dir / 'study_run.log'}; re-running the study runs it again"
+    pending = to_run > 0 and shared_ray
+    with study_ray(study, out / "ray_head.log", enabled=pending) as on_ray:
+        for i, (variant, seed) in enumerate(jobs, 1):
+            run_dir = out / "runs" / variant / f"seed{seed}"
+            if completed(run_dir):
+                print(f"fedstudy [{i}/{len(jobs)}] {variant} seed {seed}: done before, skipped", flush=True)
+                continue
+            if per_seed and seed not in starts:
+                starts[seed] = pretrained_start(study, out, seed)
+            cmd = run_command(study, variant, seed, run_dir, out / "data", starts[seed] if per_seed else pretrained)
+            cmd += on_ray
+            if run_dir.exists():  # left unfinished by an interrupted study: its sites' state must not carry over
+                print(f"fedstudy: {variant} seed {seed}: unfinished run kept as {set_aside(run_dir)}", flush=True)
+            print(f"fedstudy [{i}/{len(jobs)}] {variant} seed {seed}: running ({run_dir})", flush=True)
+            for attempt in range(RETRIES + 1):
+                run_dir.mkdir(parents=True, exist_ok=True)  # the record first: a run is never without its study
+                atomic_json_save(record(registration, REPO_ROOT), run_dir / RECORD)
+                code, took = run_once(cmd, run_dir, timeout_s)
+                if code == 0 and completed(run_dir):
+                    break
+                if attempt == RETRIES:
+                    raise SystemExit(
+                        f"fedstudy: {variant} seed {seed} failed (exit {code}) after {took:.0f}s; "
+                        f"see {run_dir / 'study_run.log'}; re-running the study runs it again"
+                    )
+                print(
+                    f"fedstudy: {variant} seed {seed} failed (exit {code}) after {took:.0f}s; its folder is kept "
+                    f"as {set_aside(run_dir)}; running it again",
+                    flush=True,
                 )
+            ran += 1
+            left = minutes_left(time.time() - t_study, ran, to_run)
             print(
-                f"fedstudy: {variant} seed {seed} failed (exit {code}) after {took:.0f}s; its folder is kept "
-                f"as {set_aside(run_dir)}; running it again",
+                f"fedstudy [{i}/{len(jobs)}] {variant} seed {seed}: {took:.0f}s (about {left:.0f} min left)",
                 flush=True,
             )
-        ran += 1
-        left = minutes_left(time.time() - t_study, ran, to_run)
-        print(
-            f"fedstudy [{i}/{len(jobs)}] {variant} seed {seed}: {took:.0f}s (about {left:.0f} min left)",
-            flush=True,
-        )
     return collect(study, out, variants, registration=registration)
 
 
@@ -454,6 +465,11 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--timeout", type=float, default=7200, help="seconds one run may take")
     p.add_argument("--tables-only", action="store_true", help="do not run anything: rebuild tables and plots")
+    p.add_argument(
+        "--ray-per-run",
+        action="store_true",
+        help="each simulation run starts its own Ray instance (default: the study's runs share one)",
+    )
     return p
 
 
@@ -468,7 +484,7 @@ def main(argv: list[str] | None = None) -> None:
     if a.tables_only:
         collect(study, out, list(study["variants"]), registration=reg)
     else:
-        run_study(study, out, registration=reg, only=a.only, timeout_s=a.timeout)
+        run_study(study, out, registration=reg, only=a.only, timeout_s=a.timeout, shared_ray=not a.ray_per_run)
     print((out / "results.md").read_text())
     print(
         f"fedstudy: {time.time() - t0:.0f}s; results in {out} "

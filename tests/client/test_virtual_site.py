@@ -104,6 +104,12 @@ def test_engine_config_refuses_shared_state_and_bad_values():
         tiny_config(engine={"array_exchange": "shm"})
     with pytest.raises(ValueError, match="cluster's workers on other machines cannot read them"):
         tiny_config(engine={"ray_address": "auto", "array_exchange": "files"})
+    with pytest.raises(ValueError, match="cluster's workers on other machines cannot read them"):
+        tiny_config(engine={"ray_address": "10.0.0.7:6379", "array_exchange": "files"})
+    # a head on loopback (fedstudy's shared instance) has every worker on this machine: files allowed
+    for loopback in ("127.0.0.1:6379", "localhost:6379", "[::1]:6379"):
+        cfg = tiny_config(engine={"name": "simulation", "ray_address": loopback, "array_exchange": "files"})
+        assert cfg.engine.exchanges_files()
 
 
 def test_array_exchange_choice():
