@@ -72,7 +72,7 @@ def cli(tmp_path, monkeypatch, capfd):
         (
             "fedsim",
             ["experiment=nope"],
-            "fedsim: config: unknown experiment 'nope'; expected one of: compose-demo, compose-fedfr-demo, demo,",
+            "fedsim: config: unknown experiment 'nope'; expected one of: compose-demo, compose-demo-quick, ",
         ),
         ("fedsim", ["train.batch_size=four"], "fedsim: config train.batch_size: expected integer, found 'four' (str)"),
         ("fedserver", ["experiment=nope"], "fedserver: bad configuration: config: unknown experiment 'nope';"),

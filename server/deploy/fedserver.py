@@ -61,7 +61,10 @@ Resume:  fedserver resume=RUN_DIR [superlink.*=... round_timeout_s=... wait_for_
 def usage() -> str:
     """USAGE with every config group and its options, read from conf/ (``experiment_groups``)."""
     words = [f"{g}={'|'.join(opts)}" for g, opts in experiment_groups().items()]
-    groups = textwrap.fill("   ".join(words), width=100, subsequent_indent=" " * 9, break_on_hyphens=False)
+    # a group's word stays whole (on a line of its own when longer than the width): the names are copied
+    groups = textwrap.fill(
+        "   ".join(words), width=100, subsequent_indent=" " * 9, break_on_hyphens=False, break_long_words=False
+    )
     return USAGE.format(groups=groups)
 
 

@@ -27,7 +27,6 @@ from pathlib import Path
 
 from common import processes
 from common.config.engine import EngineConfig
-from server.deploy.simulation_engine import REUSE_MEMORY_ENV
 
 # the engine keys a run's private Ray instance is made from; the study's runs must agree on them
 SETTINGS = ("ray_num_cpus", "object_store_fraction", "reuse_memory", "array_exchange")
@@ -77,6 +76,9 @@ def head_command(settings: dict[str, str], port: int, temp_dir: Path) -> list[st
 def head_env(settings: dict[str, str], tag: str) -> dict[str, str]:
     """What a run's private instance gets from server/deploy/simulation_engine.py, for the head and so
     for every worker it starts (they inherit the raylet's environment)."""
+    # here, not at the top: fedstudy's --help and its configuration mistakes import neither torch nor Flower
+    from server.deploy.simulation_engine import REUSE_MEMORY_ENV
+
     defaults = {f.name: f.default for f in fields(EngineConfig)}
     extra = {processes.RUN_TAG_ENV: tag, "RAY_USAGE_STATS_ENABLED": "0"}
     if str(settings.get("reuse_memory", defaults["reuse_memory"])).lower() not in ("false", "0", "no"):
