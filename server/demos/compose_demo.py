@@ -10,7 +10,8 @@ coordinator's code imports no site code) and ``fedserver register-site``, then t
 data: for FedReID (server/demos/fedreid_demo.py) each site in the layout of the dataset it stands for and
 the two unseen target domains the coordinator evaluates on; for FedFR the face world and its
 pre-trained generic model (server/demos/fedfr_compose_demo.py), pre-trained as the scale's experiment says
-(``quick``: ``compose-fedfr-demo-quick``, the machinery check of tests/e2e/test_docker_compose.py). Everything is handed to the image's user
+(``quick``: ``compose-fedfr-demo-quick`` on a smaller face world, the machinery check of
+tests/e2e/test_docker_compose.py). Everything is handed to the image's user
 (the compose services run as it), keys readable by it alone.
 
 ``result`` reads ``metrics.json``: for FedReID the global model's mean R1 / mAP on the unseen domains
@@ -54,7 +55,10 @@ def setup(demo_dir: Path, task: str = "fedreid", scale: str = "full", uid: int =
             [str(secrets / "sites" / f"{site}.pub"), "--site", site, "--keys-dir", str(secrets / "registry")]
         )
     if task == "fedfr":
-        fedfr_demo.write_world(demo_dir, fedfr_demo.EXPERIMENT + SCALES[scale])
+        quick = scale == "quick"
+        fedfr_demo.write_world(
+            demo_dir, fedfr_demo.EXPERIMENT + SCALES[scale], fedfr_demo.QUICK_WORLD if quick else None
+        )
     else:
         write_data(
             data,

@@ -19,12 +19,16 @@ from server.fedfr.pretrain import pretrain_main
 
 SITES = ["face1", "face2", "face3", "face4"]
 EXPERIMENT = "compose-fedfr-demo"
+# FEDREID_DEMO_SCALE=quick: a smaller face world (python -m server.demos.fedfr_demo's options), rendered
+# in seconds instead of a minute; the machinery is the same
+QUICK_WORLD = ["--public-ids", "40", "--public-images", "10", "--ids-per-site", "8"]
+QUICK_WORLD += ["--train", "20", "--test", "10", "--ijbc-subjects", "12"]
 
 
-def write_world(demo_dir: Path, experiment: str = EXPERIMENT) -> None:
+def write_world(demo_dir: Path, experiment: str = EXPERIMENT, world: list[str] | None = None) -> None:
     """``demo_dir/data/{public,ijbc,split}`` and ``demo_dir/pretrained/pretrained.pt``, pre-trained as
-    ``experiment`` (the compose run's own) says."""
-    a, _ = parse_args(["--out", str(demo_dir)])
+    ``experiment`` (the compose run's own) says; ``world``: the demo's world options (default: its own)."""
+    a, _ = parse_args(["--out", str(demo_dir), *(world or [])])
     roots = write_data(demo_dir / "data", SITES, a)
     cfg = compose_experiment(
         [

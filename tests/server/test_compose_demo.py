@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import re
 
 import pytest
@@ -138,3 +139,22 @@ def test_quick_scale_is_its_demo_with_less_training_and_nothing_else(full, chang
 def test_setup_refuses_an_unknown_scale_in_one_line():
     with pytest.raises(SystemExit, match=r"\[full\|quick\].*found \['setup', 'x', 'fedfr', 'tiny'\]"):
         main(["setup", "x", "fedfr", "tiny"])
+
+
+@pytest.mark.parametrize("scale", ["full", "quick"])
+def test_setup_renders_the_scales_face_world_pretrained_as_its_experiment(tmp_path, monkeypatch, scale):
+    from server.demos import compose_demo
+    from server.demos import fedfr_compose_demo as fedfr
+
+    asked = []
+    monkeypatch.setattr(fedfr, "write_world", lambda d, experiment, world=None: asked.append((experiment, world)))
+    compose_demo.setup(tmp_path / "demo", "fedfr", scale, uid=os.getuid())
+    quick = scale == "quick"
+    assert asked == [
+        ("compose-fedfr-demo-quick" if quick else "compose-fedfr-demo", fedfr.QUICK_WORLD if quick else None)
+    ]
+    # the quick world is smaller in every dimension the demo's options give
+    a, _ = fedfr.parse_args(["--out", "x"])
+    q, _ = fedfr.parse_args(["--out", "x", *fedfr.QUICK_WORLD])
+    for key in ("public_ids", "public_images", "ids_per_site", "train", "test", "ijbc_subjects"):
+        assert 0 < getattr(q, key) < getattr(a, key), key
