@@ -121,6 +121,10 @@ def study_ray(study: dict, log_path: Path, enabled: bool = True) -> Iterator[lis
         overrides = [f"engine.ray_address=127.0.0.1:{port}", "engine.ray_num_cpus=0", "engine.object_store_fraction=0"]
         # "auto" would pick Ray's object store on a cluster; this one is a single machine
         yield overrides + ([] if "array_exchange" in settings else ["engine.array_exchange=files"])
+    except OSError as e:  # no `ray` beside this Python nor on PATH
+        raise SystemExit(
+            f"fedstudy: expected Ray's `ray` command to start the study's Ray head, found none ({e})"
+        ) from None
     except subprocess.TimeoutExpired:
         raise SystemExit(
             f"fedstudy: `ray start --head` did not return within {START_TIMEOUT_S}s (its output: {log_path})"

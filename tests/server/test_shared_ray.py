@@ -93,3 +93,12 @@ def test_ray_per_run_hands_the_runs_nothing(tmp_path, monkeypatch):
     for variant in ("low", "high"):
         record = json.loads((tmp_path / "out" / "runs" / variant / "seed0" / study_mod.RUN_RECORD).read_text())
         assert not [w for w in record["command"] if w.startswith("engine.ray_address")]
+
+
+def test_a_missing_ray_command_is_one_line(tmp_path, monkeypatch):
+    import server.studies.shared_ray as shared_ray
+
+    monkeypatch.setattr(shared_ray.processes, "executable", lambda name: str(tmp_path / "no-such-ray"))
+    missing = pytest.raises(SystemExit, match=r"^fedstudy: expected Ray's `ray` command .*found none")
+    with missing, shared_ray.study_ray(study(), tmp_path / "ray_head.log"):
+        pass
