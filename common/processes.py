@@ -4,6 +4,7 @@ finding a run's processes and their memory (psutil)."""
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import os
 import signal
 import socket
@@ -153,6 +154,16 @@ def stop_many(procs: Sequence[subprocess.Popen | None], grace_s: float = 10.0) -
 def _signal_group(proc: subprocess.Popen, sig: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, sig)
+
+
+def is_loopback(host: str) -> bool:
+    """Only this machine can reach ``host`` (127.0.0.0/8, ::1, localhost)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a name: it resolves to whatever the network says
+        return False
 
 
 def split_address(address: str) -> tuple[str, int]:

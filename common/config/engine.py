@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from common import processes
 from common.config.structured import build
 
 ENGINES = ("deployment", "simulation")
@@ -32,8 +33,8 @@ class VirtualSiteConfig:
 def on_this_machine(ray_address: str) -> bool:
     """A Ray cluster's address on loopback ("127.0.0.1:6379", "localhost:6379"): a head on this machine
     only (fedstudy's shared instance, server/studies/shared_ray.py), whose workers read this machine's files."""
-    host = ray_address.rpartition(":")[0].strip("[]") if ":" in ray_address else ray_address
-    return host == "localhost" or host == "::1" or host.startswith("127.")
+    host = ray_address.rpartition(":")[0] or ray_address
+    return processes.is_loopback(host.strip("[]"))
 
 
 @dataclass

@@ -13,7 +13,6 @@ with the SuperLink. Without nginx it refuses to start, in one line, unless
 from __future__ import annotations
 
 import dataclasses
-import ipaddress
 import os
 import pwd
 import shutil
@@ -40,16 +39,6 @@ class FrontError(RuntimeError):
     """The front cannot be set up; the message is one line for the operator."""
 
 
-def is_loopback(host: str) -> bool:
-    """Only this machine can reach ``host`` (127.0.0.0/8, ::1, localhost)."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:  # a name: it resolves to whatever the network says
-        return False
-
-
 def nginx_binary() -> str | None:
     """The nginx executable: on PATH, else where Debian and the nginx sources install it."""
     found = shutil.which("nginx")
@@ -67,7 +56,7 @@ def plan_front(cfg: ExperimentConfig, folder: Path) -> tuple[ExperimentConfig, F
     """
     sl = cfg.superlink
     host, _ = processes.split_address(sl.address)
-    if is_loopback(host) or sl.behind_proxy:
+    if processes.is_loopback(host) or sl.behind_proxy:
         return cfg, None
     tls = None if sl.insecure else front_tls(sl.ca_cert, sl.cert, sl.key)
     if nginx_binary() is None:

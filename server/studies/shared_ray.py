@@ -22,7 +22,6 @@ import subprocess
 import tempfile
 import uuid
 from collections.abc import Iterator
-from dataclasses import fields
 from pathlib import Path
 
 from common import processes
@@ -31,6 +30,7 @@ from common.config.engine import EngineConfig
 # the engine keys a run's private Ray instance is made from; the study's runs must agree on them
 SETTINGS = ("ray_num_cpus", "object_store_fraction", "reuse_memory", "array_exchange")
 START_TIMEOUT_S = 180
+DEFAULTS = EngineConfig()  # what a run gets for a key its study does not set
 
 
 def engine_overrides(words: list[str]) -> dict[str, str]:
@@ -66,8 +66,7 @@ def shared_settings(study: dict) -> dict[str, str] | None:
 
 
 def head_command(settings: dict[str, str], port: int, temp_dir: Path) -> list[str]:
-    defaults = {f.name: f.default for f in fields(EngineConfig)}
-    num_cpus = int(settings.get("ray_num_cpus", defaults["ray_num_cpus"]))
+    num_cpus = int(settings.get("ray_num_cpus", DEFAULTS.ray_num_cpus))
     cmd = [processes.executable("ray"), "start", "--head", "--port", str(port), "--node-ip-address", "127.0.0.1"]
     cmd += ["--temp-dir", str(temp_dir), "--include-dashboard", "false", "--disable-usage-stats"]
     return cmd + (["--num-cpus", str(num_cpus)] if num_cpus else [])
@@ -79,11 +78,10 @@ def head_env(settings: dict[str, str], tag: str) -> dict[str, str]:
     # here, not at the top: fedstudy's --help and its configuration mistakes import neither torch nor Flower
     from server.deploy.simulation_engine import REUSE_MEMORY_ENV
 
-    defaults = {f.name: f.default for f in fields(EngineConfig)}
     extra = {processes.RUN_TAG_ENV: tag, "RAY_USAGE_STATS_ENABLED": "0"}
-    if str(settings.get("reuse_memory", defaults["reuse_memory"])).lower() not in ("false", "0", "no"):
+    if str(settings.get("reuse_memory", DEFAULTS.reuse_memory)).lower() not in ("false", "0", "no"):
         extra.update({k: os.environ.get(k, v) for k, v in REUSE_MEMORY_ENV.items()})
-    fraction = float(settings.get("object_store_fraction", defaults["object_store_fraction"]))
+    fraction = float(settings.get("object_store_fraction", DEFAULTS.object_store_fraction))
     if fraction:
         extra["RAY_DEFAULT_OBJECT_STORE_MEMORY_PROPORTION"] = str(fraction)
     return processes.tool_env(None, extra)
