@@ -13,7 +13,8 @@ Amplification by subsampling (q < 1) holds only against an adversary who cannot 
 sample; this project draws its sample from the public seed, so the coordinator's DP accounts
 q = 1 (``server/strategy/dp.py``: ``DPSettings.accounting_rate``) and the account is exact. Epsilon is a
 function of (q, z, rounds, delta) only: a resumed run recomputes it from the rounds done, there is
-no accountant state to keep.
+no accountant state to keep. ``dp-accounting`` (and its scipy) is imported by the functions that
+account, not with this module: a run without DP never loads it.
 """
 
 from __future__ import annotations
@@ -22,12 +23,15 @@ import contextlib
 import logging
 import math
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
-import dp_accounting
-from dp_accounting.rdp import RdpAccountant
+if TYPE_CHECKING:
+    import dp_accounting
 
 
 def _event(sample_rate: float, noise_multiplier: float, rounds: int) -> dp_accounting.DpEvent:
+    import dp_accounting
+
     gaussian = dp_accounting.GaussianDpEvent(noise_multiplier)
     step = gaussian if sample_rate >= 1.0 else dp_accounting.PoissonSampledDpEvent(sample_rate, gaussian)
     return dp_accounting.SelfComposedDpEvent(step, rounds)
@@ -64,6 +68,8 @@ def epsilon_spent(*, sample_rate: float, noise_multiplier: float, rounds: int, d
         return 0.0
     if noise_multiplier <= 0:
         return math.inf
+    from dp_accounting.rdp import RdpAccountant
+
     accountant = RdpAccountant()
     with _quiet():
         accountant.compose(_event(sample_rate, noise_multiplier, rounds))
@@ -77,6 +83,9 @@ def solve_noise_multiplier(*, target_epsilon: float, sample_rate: float, rounds:
         raise ValueError(
             f"DP accounting: expected target_epsilon > 0 and rounds >= 1, found {target_epsilon} and {rounds}"
         )
+    import dp_accounting
+    from dp_accounting.rdp import RdpAccountant
+
     with _quiet():
         z = dp_accounting.calibrate_dp_mechanism(
             RdpAccountant,

@@ -116,4 +116,46 @@ def test_fedeval_knows_the_tasks_of_the_task_registry():
     from server.studies.fedeval import EVALUATION_MODULES
     from server.tasks import TASKS
 
-    assert {name: task.evaluate.__module__ for name, task in TASKS.items()} == EVALUATION_MODULES
+    assert {name: task.evaluate.module for name, task in TASKS.items()} == EVALUATION_MODULES
+
+
+LAZY = """
+import sys
+import {modules}
+print(" ".join(m for m in ("torch", "torchvision", "dp_accounting", "scipy") if m in sys.modules))
+"""
+
+
+@pytest.mark.parametrize(
+    ("modules", "absent"),
+    [
+        # fedserver's whole run path (server/deploy/coordinator.py and the task registry): what it imports
+        # before a FedReID run without weights to check starts its SuperLink
+        ("server.deploy.coordinator, server.tasks", {"torch", "torchvision", "dp_accounting", "scipy"}),
+        # the ServerApp's module: the task's code and the DP accountant load when a run needs them
+        ("server.app", {"torchvision", "dp_accounting", "scipy"}),
+    ],
+)
+def test_the_coordinators_modules_load_a_task_and_the_dp_accountant_only_when_used(modules, absent):
+    r = subprocess.run(
+        [sys.executable, "-c", LAZY.format(modules=modules)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    assert not set(r.stdout.split()) & absent, r.stdout
+
+
+def test_a_task_reference_imports_its_module_at_the_call():
+    from server.tasks import TASKS, Ref
+
+    ref = Ref("json", "dumps")
+    assert ref([1, 2]) == "[1, 2]"
+    for task in TASKS.values():  # every entry names a function that exists
+        for field in ("components", "evaluate", "check_start"):
+            f = getattr(task, field)
+            if isinstance(f, Ref):
+                module = __import__(f.module, fromlist=[f.name])
+                assert callable(getattr(module, f.name)), (f.module, f.name)

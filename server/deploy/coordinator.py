@@ -30,7 +30,6 @@ from server.deploy import admin, control_guard
 from server.deploy.app_folder import stage_app
 from server.deploy.front import FrontError, plan_front, start_front
 from server.deploy.nginx_config import FrontSpec
-from server.deploy.resume import announce_resume
 from server.deploy.superlink_settings import check_superlink_settings
 from server.run.folder import SUPERLINK_DB, check_targets, discard_superlink_state, start_new_run
 from server.strategy.sites import SITE_NODES, write_site_nodes
@@ -212,6 +211,8 @@ def run(cfg: ExperimentConfig, *, resume: bool = False) -> int:
                 "SuperLink state is never reopened): the SuperLink starts fresh; restart every site's fedclient",
                 flush=True,
             )
+        from server.deploy.resume import announce_resume  # torch: the checkpoint is read
+
         if announce_resume(cfg):  # every round was done already
             return 0
     register_keys = bool(cfg.superlink.node_auth and cfg.superlink.site_keys)

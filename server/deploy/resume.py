@@ -48,7 +48,8 @@ from pathlib import Path
 
 from common.config.compose import REPO_ROOT, merge_overrides
 from common.config.experiment import ExperimentConfig
-from server.run.checkpoint import CHECKPOINT, load_server_checkpoint
+from server.run.checkpoint import load_server_checkpoint
+from server.run.folder import CHECKPOINT
 from server.run.reporting import RoundReporter
 from server.run.setup import last_round
 from server.strategy.dp import dp_settings

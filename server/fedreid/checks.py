@@ -5,8 +5,6 @@ from __future__ import annotations
 import sys
 
 from common.config.experiment import ExperimentConfig
-from common.models.builder import initial_model
-from common.models.pretrained import PretrainedWeightsError
 
 
 def check_initial_weights(cfg: ExperimentConfig) -> None:
@@ -19,6 +17,9 @@ def check_initial_weights(cfg: ExperimentConfig) -> None:
             file=sys.stderr,
         )
         return
+    from common.models.builder import initial_model  # torch: only when there are weights to check
+    from common.models.pretrained import PretrainedWeightsError
+
     try:
         initial_model(cfg)
     except PretrainedWeightsError as e:

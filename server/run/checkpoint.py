@@ -17,7 +17,6 @@ import torch
 
 from common.checkpoint import atomic_torch_save, global_checkpoint, torch_load
 
-CHECKPOINT = "global_latest.pt"
 # version of the checkpoint's keys: 2 = tensors and plain values only (weights-only load, RNG states
 # as tensors, the run's noise secret); a format-1 file is refused by common.checkpoint.torch_load
 FORMAT = 2

@@ -8,10 +8,10 @@ import shutil
 from pathlib import Path
 
 from common.config.experiment import ExperimentConfig
-from server.run.checkpoint import CHECKPOINT
 from server.run.data_check import check_data_folders
 from server.strategy.sites import SITE_NODES
 
+CHECKPOINT = "global_latest.pt"  # the latest round's global model and the run's state (server/run/checkpoint.py)
 SUPERLINK_DB = "superlink.db"  # the SuperLink's state file in the run folder (superlink.persist_state; never reopened)
 
 RUN_OUTPUTS = (

@@ -25,7 +25,8 @@ import numpy as np
 from common.checkpoint import atomic_json_save, atomic_torch_save, save_global_checkpoint, to_plain
 from common.config.experiment import ExperimentConfig
 from common.processes import rss_mb
-from server.run.checkpoint import CHECKPOINT, ServerCheckpoint, capture_rng, server_checkpoint
+from server.run.checkpoint import ServerCheckpoint, capture_rng, server_checkpoint
+from server.run.folder import CHECKPOINT
 from server.run.metrics_log import MetricsLog
 from server.strategy.base import RoundRecord
 

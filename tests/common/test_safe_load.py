@@ -21,7 +21,7 @@ from client.fedreid.state import FEDREID_STATE, FedReIDSiteState
 from common.checkpoint import UnsafeCheckpointError, atomic_torch_save, to_plain, torch_load
 from server.deploy import fedserver
 from server.fedreid import fedeval as fedreid_fedeval
-from server.run.checkpoint import CHECKPOINT
+from server.run.folder import CHECKPOINT
 
 
 class _RunsCode:

@@ -9,7 +9,8 @@ from common.models.fedfr import expected_fedfr_manifest
 from server.deploy.resume import resume_config
 from server.fedfr.components import build_components
 from server.fedfr.pretrain import pretrain_main
-from server.run.checkpoint import CHECKPOINT, ServerCheckpoint, save_server_checkpoint
+from server.run.checkpoint import ServerCheckpoint, save_server_checkpoint
+from server.run.folder import CHECKPOINT
 from server.strategy.noise_secret import new_run_secret
 from tests.fakes import FEDFR_PUBLIC, fedfr_arrays, tiny_fedfr_config, unpacked
 

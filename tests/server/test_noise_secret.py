@@ -18,7 +18,8 @@ from common.config.experiment import ExperimentConfig
 from common.config.run import ENV, serverapp_config, site_config, site_run_config, write_serverapp_config
 from common.seeding import secret_rng, stable_seed
 from server.deploy.resume import resume_config
-from server.run.checkpoint import CHECKPOINT, load_server_checkpoint, save_server_checkpoint
+from server.run.checkpoint import load_server_checkpoint, save_server_checkpoint
+from server.run.folder import CHECKPOINT
 from server.run.reporting import RoundReporter
 from server.strategy.base import FedReIDStrategy, RoundRecord
 from server.strategy.settings import run_noise_secret, settings_from_config

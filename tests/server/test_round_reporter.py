@@ -15,7 +15,8 @@ import time
 import numpy as np
 import pytest
 
-from server.run.checkpoint import CHECKPOINT, load_server_checkpoint
+from server.run.checkpoint import load_server_checkpoint
+from server.run.folder import CHECKPOINT
 from server.run.reporting import RoundReporter
 from server.strategy.base import RoundRecord
 from tests.fakes import MAN, arrays, tiny_config

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from server.fedfr.strategy import FedFRStrategy
-from server.run.checkpoint import CHECKPOINT, load_server_checkpoint
+from server.run.checkpoint import load_server_checkpoint
+from server.run.folder import CHECKPOINT
 from server.run.reporting import RoundReporter
 from server.strategy.base import FedReIDStrategy
 from server.strategy.replies import ReplyError

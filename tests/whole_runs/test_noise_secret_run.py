@@ -10,7 +10,8 @@ import pytest
 
 from common.config.experiment import ExperimentConfig
 from common.config.run import RUN_CONFIG_KEY
-from server.run.checkpoint import CHECKPOINT, load_server_checkpoint
+from server.run.checkpoint import load_server_checkpoint
+from server.run.folder import CHECKPOINT
 from tests.federation import SIMULATION, tiny_fedsim
 from tests.inprocess import GRIDS, run_inprocess
 
