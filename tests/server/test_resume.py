@@ -15,13 +15,13 @@ from common.checkpoint import save_global_checkpoint, torch_load
 from common.config.compose import REPO_ROOT
 from server.deploy.resume import COMMAND_LINE_ONLY, announce_resume, resume_config
 from server.run.checkpoint import (
-    CHECKPOINT,
     ServerCheckpoint,
     capture_rng,
     load_server_checkpoint,
     restore_rng,
     save_server_checkpoint,
 )
+from server.run.folder import CHECKPOINT
 from server.strategy.aggregate import average
 from server.strategy.base import FedReIDStrategy
 from server.strategy.noise_secret import new_run_secret
