@@ -3,6 +3,7 @@
 Applied ONLY when the site's node config sets ``fault`` (``fedclient --fault SPEC``, a hidden
 option, or ``flower-supernode --node-config 'fault="nan"'``); a site without it is untouched.
 
+    SPECS = SPEC[;SPEC...]    one fault per part, at most one that changes the update in any round
     SPEC = KIND[@ROUNDS]      ROUNDS = comma-separated rounds (default: every round)
     KIND = nan      one value NaN and one +Inf in the update (dropped by the coordinator: non-finite)
            shape    the first array flattened plus one value (dropped: packed length, 1 value too many)
@@ -12,7 +13,8 @@ option, or ``flower-supernode --node-config 'fault="nan"'``); a site without it 
            scale:F  every value of the update times F (finite: a steering or exploding site, clipped or
                     rejected by the coordinator's norm bound)
 
-e.g. ``nan``, ``sleep:40@2`` (slow in round 2 only), ``dtype@1,3``.
+e.g. ``nan``, ``sleep:40@2`` (slow in round 2 only), ``dtype@1,3``, ``nan@1;sleep:300@2`` (a NaN update
+in round 1, slow in round 2).
 """
 
 from __future__ import annotations
@@ -90,3 +92,18 @@ def parse_fault(spec: str) -> Fault | None:
             "sleep:SECONDS, scale:FACTOR and ROUNDS like 2 or 1,3"
         ) from None
     return Fault(kind, seconds, picked)
+
+
+def parse_faults(specs: str) -> tuple[Fault, ...]:
+    """``SPEC[;SPEC...]`` -> its faults (``""``: none), or ValueError saying what is accepted: a bad
+    part, or two faults that would change the update in the same round."""
+    faults = tuple(f for part in specs.split(";") if (f := parse_fault(part)) is not None)
+    changing = [f for f in faults if f.kind != "sleep"]
+    for i, a in enumerate(changing):
+        for b in changing[i + 1 :]:
+            if a.rounds is None or b.rounds is None or a.rounds & b.rounds:
+                raise ValueError(
+                    f"fault {specs!r}: {a.kind} and {b.kind} both change the update in one round; expected "
+                    "at most one of nan, shape, dtype, count, scale per round (e.g. nan@1;dtype@2)"
+                )
+    return faults

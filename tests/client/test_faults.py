@@ -38,3 +38,29 @@ def test_fault_specs_and_what_each_fault_sends():
             from_wire(man, [parse_fault(spec).wire("s", 1, man, good)], who="update")
     with pytest.raises(ValueError, match="non-finite"):
         check_arrays(man, from_wire(man, [parse_fault("nan").wire("s", 1, man, good)], who="u"), who="update")
+
+
+def test_several_faults_for_one_site_each_in_its_rounds(monkeypatch):
+    from client.process import faults as faults_module
+    from client.process.faults import parse_faults
+    from client.process.round_hooks import ProcessRoundHooks
+
+    man = Manifest(keys=("embedding.w",), shapes=((2, 3),), dtypes=("float32",))
+    good = [np.ones((2, 3), np.float32)]
+    assert parse_faults("") == ()
+    hooks = ProcessRoundHooks(parse_faults("nan@1; sleep:30@2;dtype@3"))
+    slept = []
+    monkeypatch.setattr(faults_module.time, "sleep", slept.append)
+    for rnd in (1, 2, 3, 4):
+        hooks.before_training("s", rnd)
+    assert slept == [30.0]  # only in round 2
+    one = from_wire(man, [hooks.reply("s", 1, man, good)], who="u")
+    assert np.isnan(one[0]).sum() == 1 and np.isposinf(one[0]).sum() == 1  # nan and inf in the one array
+    assert hooks.reply("s", 2, man, good) is None  # round 2: the update as it is
+    assert hooks.reply("s", 3, man, good).nbytes == 2 * packed_nbytes(man)  # float64: twice the bytes
+    assert hooks.reply("s", 4, man, good) is None
+    for bad in ("nan;dtype@2", "nan@1,2;scale:2@2"):  # two changes of the update in one round
+        with pytest.raises(ValueError, match="at most one of"):
+            parse_faults(bad)
+    with pytest.raises(ValueError, match="expected KIND"):
+        parse_faults("nan@1;boom")
