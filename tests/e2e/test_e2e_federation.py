@@ -1,18 +1,20 @@
 """End to end: a real SuperLink and two real SuperNodes on loopback run 2 FedReID rounds (one run, in a
-module-scoped fixture); Flower's simulation engine then runs the same ServerApp and ClientApp on the
-same seed and configuration and ends with the same global model."""
+module-scoped fixture); the same ServerApp and ClientApp then run the same command line in this
+process (virtual sites over an in-memory grid, tests/inprocess.py) and end with the same global model,
+bit for bit. Flower's simulation engine (Ray) gives that in-process run's model bit for bit too:
+tests/e2e/test_simulation_e2e.py."""
 
 import json
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from common.checkpoint import torch_load
-from tests.federation import SIMULATION, SIMULATION_ENV, run_with_env, tiny_fedsim
+from tests.federation import SIMULATION, tiny_fedsim
+from tests.inprocess import run_inprocess, torch_threads
 from tests.procutil import processes_mentioning, run_to_end
 
 REPO = Path(__file__).resolve().parents[2]
@@ -77,29 +79,25 @@ def test_two_sites_two_rounds(deployment):
 
 
 @pytest.mark.timeout(900)
-def test_deployment_and_simulation_give_the_same_global_model(deployment, tmp_path):
-    """The deployment's 2 rounds again on Flower's simulation engine (Ray, virtual sites)."""
+def test_deployment_and_the_same_run_in_one_process_give_the_same_global_model(deployment, tmp_path):
+    """The deployment's 2 rounds again, virtual sites in this process (one torch thread, as train.threads=1)."""
     dep_out = deployment[0]
     sim_out = tmp_path / "sim"
-    cmd = tiny_fedsim(sim_out, [*SIMULATION, *SAME], timeout_s=420)
-    code, output = run_with_env(cmd, SIMULATION_ENV, cwd=REPO, marker=str(tmp_path), timeout_s=480)
+    with torch_threads(1):
+        code, output = run_inprocess(tiny_fedsim(sim_out, [*SIMULATION, *SAME], timeout_s=420))
     assert code == 0, output[-4000:]
-    assert "simulation engine" in output
     dep = torch_load(dep_out / "global_final.pt")["state_dict_shared"]
     sim = torch_load(sim_out / "global_final.pt")["state_dict_shared"]
     assert list(dep) == list(sim)
     for k in dep:
-        np.testing.assert_allclose(sim[k].numpy(), dep[k].numpy(), rtol=1e-5, atol=1e-6, err_msg=k)
+        assert torch.equal(sim[k], dep[k]), k
     # real rounds happened: the sites trained, with the same losses on both runtimes
     rows = {e: json.loads((o / "metrics.json").read_text()) for e, o in (("dep", dep_out), ("sim", sim_out))}
     for rnd in (1, 2):
         for site in ("market1501", "dukemtmc"):
             dep_loss = rows["dep"][rnd]["sites"][site]["loss"]
-            assert rows["sim"][rnd]["sites"][site]["loss"] == pytest.approx(dep_loss, rel=1e-5) and dep_loss > 0
+            assert rows["sim"][rnd]["sites"][site]["loss"] == dep_loss and dep_loss > 0
     moved = [k for k in dep if dep[k].is_floating_point() and dep[k].numel() > 100]
     st = torch_load(sim_out / "state" / "market1501" / "site_state.pt")["model"]
     # the global model is not one site's model: it is their mean (two sites that trained differently)
     assert any(not torch.allclose(dep[k], st[k]) for k in moved)
-    time.sleep(1)
-    # the SuperLink, flwr-simulation, Ray's GCS/raylet and workers all carry FLWR_HOME under tmp_path
-    assert processes_mentioning(str(tmp_path)) == [], "Flower or Ray processes left behind"

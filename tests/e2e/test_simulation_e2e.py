@@ -1,6 +1,7 @@
 """End to end on Flower's simulation engine (Ray): the unchanged ServerApp and ClientApp with
-virtual sites; the same outputs as a deployment run, nothing left behind (the same global model as a
-deployment: tests/e2e/test_e2e_federation.py)."""
+virtual sites; the same outputs as a deployment run, nothing left behind. The FedFR run's global model
+equals, bit for bit, the same command line run in this process (tests/inprocess.py), whose model a
+deployment's equals bit for bit too (tests/e2e/test_e2e_federation.py, tests/e2e/test_resume.py)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from common.checkpoint import torch_load
+from tests.inprocess import run_inprocess, torch_threads
 from tests.procutil import processes_mentioning, run_to_end
 
 REPO = Path(__file__).resolve().parents[2]
@@ -96,47 +99,47 @@ def test_six_virtual_reid_sites_two_rounds(tmp_path):
     assert_nothing_left(tmp_path, output)
 
 
+def fedfr_args(out: Path) -> list[str]:
+    return [
+        "experiment=fedfr-demo",
+        "--out",
+        str(out),
+        "--sites",
+        "4",
+        *SIM,
+        "--public-ids",
+        "6",
+        "--public-images",
+        "4",
+        "--ids-per-site",
+        "3",
+        "--train",
+        "4",
+        "--test",
+        "2",
+        "--ijbc-subjects",
+        "4",
+        "--size",
+        "16",
+        "--timeout",
+        "700",
+        "rounds=2",
+        "fedfr.lr_milestones=[]",  # the demo decays at round 4; these runs are shorter
+        "fedfr.embedding_dim=16",
+        "fedfr.pretrain_epochs=1",
+        "fedfr.pretrain_batch_size=8",
+        "fedfr.local_epochs=1",
+        "fedfr.batch_size=4",
+        "eval.batch_size=32",
+        "wait_for_sites_s=120",
+        "round_timeout_s=300",
+    ]
+
+
 @pytest.mark.timeout(900)
 def test_four_virtual_fedfr_sites(tmp_path):
     out = tmp_path / "run"
-    output = run_fedsim(
-        [
-            "experiment=fedfr-demo",
-            "--out",
-            str(out),
-            "--sites",
-            "4",
-            *SIM,
-            "--public-ids",
-            "6",
-            "--public-images",
-            "4",
-            "--ids-per-site",
-            "3",
-            "--train",
-            "4",
-            "--test",
-            "2",
-            "--ijbc-subjects",
-            "4",
-            "--size",
-            "16",
-            "--timeout",
-            "700",
-            "rounds=2",
-            "fedfr.lr_milestones=[]",  # the demo decays at round 4; these runs are shorter
-            "fedfr.embedding_dim=16",
-            "fedfr.pretrain_epochs=1",
-            "fedfr.pretrain_batch_size=8",
-            "fedfr.local_epochs=1",
-            "fedfr.batch_size=4",
-            "eval.batch_size=32",
-            "wait_for_sites_s=120",
-            "round_timeout_s=300",
-        ],
-        tmp_path,
-        timeout_s=800,
-    )
+    output = run_fedsim(fedfr_args(out), tmp_path, timeout_s=800)
     rows = assert_run_outputs(out, 2)
     sites = [f"face0{i}" for i in range(1, 5)]
     for r in rows[1:]:
@@ -153,3 +156,11 @@ def test_four_virtual_fedfr_sites(tmp_path):
     report = json.loads((out / "fedfr_eval.json").read_text())
     assert set(report["personalised_per_site"]["personalised [Theta_l, Pi_l]"]) == set(sites)
     assert_nothing_left(tmp_path, output)
+    # the same command line in this process (Ray workers run one torch thread: OMP_NUM_THREADS=1)
+    with torch_threads(1):
+        code, here = run_inprocess([sys.executable, "-m", "server.demos.fedsim", *fedfr_args(tmp_path / "here")])
+    assert code == 0, here[-4000:]
+    ray = torch_load(out / "global_final.pt")["state_dict_shared"]
+    same = torch_load(tmp_path / "here" / "global_final.pt")["state_dict_shared"]
+    assert list(ray) == list(same) and all(torch.equal(ray[k], same[k]) for k in ray)
+    assert json.loads((tmp_path / "here" / "metrics.json").read_text())[-1]["ijbc/R1"] == rows[-1]["ijbc/R1"]
