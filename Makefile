@@ -41,14 +41,16 @@ flwr-demo: install
 # the suite on TEST_WORKERS pytest workers (pytest-xdist), a test module's tests on one worker (its
 # module-scoped federations start once); real-process tests spend much of their time waiting on
 # Flower's polling, so two workers fit two cores (more overload the cores and the memory, and the
-# real-process tests' time bounds are then missed)
+# real-process tests' time bounds are then missed); the modules go to the workers in the order
+# tests/conftest.py gives them (the longest first), not xdist's (most tests first)
 TEST_WORKERS ?= 2
+TEST_DIST = -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder
 test: install
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadscope
+	$(BIN)/python -m pytest -q $(TEST_DIST)
 
 # the suite as `make test` runs it, then its 20 slowest tests and the number of federations started
 test-profile: install
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadscope --durations=20 --count-launches
+	$(BIN)/python -m pytest -q $(TEST_DIST) --durations=20 --count-launches
 
 test-fast: install  ## everything but tests/e2e/ (real Flower processes, Ray, docker)
 	$(BIN)/python -m pytest -q -m "not e2e"

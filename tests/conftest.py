@@ -41,7 +41,33 @@ def coordinator_folder(tmp_path_factory) -> Path:
         os.environ[FOLDER_ENV] = before
 
 
-E2E = Path(__file__).resolve().parent / "e2e"
+TESTS = Path(__file__).resolve().parent
+E2E = TESTS / "e2e"
+# The longest modules (real-process federations, Docker), longest first (`make test-profile` prints the
+# durations); every other module follows in collection order. `make test` hands modules to its workers
+# in this order (`--dist loadscope --no-loadscope-reorder`), so both start on long ones and end on
+# short ones: xdist's own order (modules with the most tests first) leaves these one-test modules for
+# the end, where one runs for minutes while the other worker has nothing left.
+LONG_FIRST = (
+    "e2e/test_docker_compose.py",
+    "e2e/test_faults.py",
+    "e2e/test_resume.py",
+    "e2e/test_secure_aggregation_e2e.py",
+    "e2e/test_registered_sites_e2e.py",
+    "e2e/test_simulation_e2e.py",
+    "e2e/test_e2e_federation.py",
+    "e2e/test_netns_e2e.py",
+    "e2e/test_plain_federation_e2e.py",
+    "e2e/test_ray_cluster_e2e.py",
+    "e2e/test_flwr_run_e2e.py",
+    "e2e/test_public_front.py",
+    "e2e/test_resume_trust.py",
+)
+
+
+def _module_rank(item) -> int:
+    name = item.path.resolve().relative_to(TESTS).as_posix() if TESTS in item.path.resolve().parents else ""
+    return LONG_FIRST.index(name) if name in LONG_FIRST else len(LONG_FIRST)
 
 
 @pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects
@@ -49,6 +75,7 @@ def pytest_collection_modifyitems(items):
     for item in items:
         if E2E in item.path.resolve().parents:
             item.add_marker(pytest.mark.e2e)
+    items.sort(key=_module_rank)  # stable: a module's tests stay together and in their order
 
 
 # ---- `--count-launches` (make test-profile): how many federations the session started ----
