@@ -239,6 +239,14 @@ def kill_tagged(tag: str, grace_s: float = 5.0) -> list[int]:
     if not tag:
         raise ValueError("kill_tagged needs a non-empty run tag")
     pids = tagged_pids(tag)
+    kill_pids(pids, grace_s)
+    for pid in tagged_pids(tag):  # children forked while we waited
+        _signal_pid(pid, signal.SIGKILL)
+    return pids
+
+
+def kill_pids(pids: list[int], grace_s: float = 5.0) -> None:
+    """SIGTERM each of ``pids``, SIGKILL those alive after ``grace_s``."""
     for pid in pids:
         _signal_pid(pid, signal.SIGTERM)
     deadline = time.monotonic() + grace_s
@@ -247,9 +255,23 @@ def kill_tagged(tag: str, grace_s: float = 5.0) -> list[int]:
     for pid in pids:
         if alive(pid):
             _signal_pid(pid, signal.SIGKILL)
-    for pid in tagged_pids(tag):  # children forked while we waited
-        _signal_pid(pid, signal.SIGKILL)
-    return pids
+
+
+def pids_holding(folder: str | Path) -> list[int]:
+    """Pids of this user's processes (this one aside) with a file open under ``folder``: Ray's agents
+    overwrite their environment with their process title, so a run tag cannot find them, but they keep
+    their log files in the instance's folder open."""
+    root = str(Path(folder).resolve())
+    me, found = os.getpid(), []
+    for p in psutil.process_iter():
+        if p.pid == me:
+            continue
+        try:
+            if any(f.path == root or f.path.startswith(root + os.sep) for f in p.open_files()):
+                found.append(p.pid)
+        except psutil.Error:  # gone, a zombie, or another user's
+            continue
+    return found
 
 
 def _signal_pid(pid: int, sig: int) -> None:

@@ -129,4 +129,5 @@ def study_ray(study: dict, log_path: Path, enabled: bool = True) -> Iterator[lis
         ) from None
     finally:
         processes.kill_tagged(tag)  # the head's GCS, raylet, helpers and any worker left
+        processes.kill_pids(processes.pids_holding(temp_dir))  # Ray's agents: their environment holds no tag
         shutil.rmtree(temp_dir, ignore_errors=True)

@@ -1,5 +1,7 @@
 """End to end on Flower's simulation engine (Ray): the unchanged ServerApp and ClientApp with
-virtual sites; the same outputs as a deployment run, nothing left behind. The FedFR run's global model
+virtual sites; the same outputs as a deployment run, nothing left behind. The module's runs share one
+Ray instance, started as ``fedstudy`` starts one for a study's runs (server/studies/shared_ray.py; its
+teardown is tested in tests/server/test_shared_ray.py). The FedFR run's global model
 equals, bit for bit, the same command line run in this process (tests/inprocess.py), whose model a
 deployment's equals bit for bit too (tests/e2e/test_e2e_federation.py, tests/e2e/test_resume.py)."""
 
@@ -42,6 +44,20 @@ TINY_REID = [
 ]
 
 
+@pytest.fixture(scope="module")
+def shared_ray(tmp_path_factory):
+    """The overrides that put a run on the module's one Ray head (its workers inherit RAY_ENV)."""
+    from server.studies.shared_ray import study_ray
+
+    for k, v in RAY_ENV.items():
+        os.environ.setdefault(k, v)
+    with study_ray(
+        {"args": SIM, "overrides": [], "variants": {"run": {}}}, tmp_path_factory.mktemp("ray") / "head.log"
+    ) as ray:
+        assert ray and ray[0].startswith("engine.ray_address=127.0.0.1:"), ray
+        yield ray
+
+
 def run_fedsim(args: list[str], tmp_path: Path, timeout_s: float) -> str:
     for k, v in RAY_ENV.items():
         os.environ.setdefault(k, v)
@@ -74,11 +90,12 @@ def assert_run_outputs(out: Path, rounds: int) -> list[dict]:
 
 
 @pytest.mark.timeout(900)
-def test_six_virtual_reid_sites_two_rounds(tmp_path):
+def test_six_virtual_reid_sites_two_rounds(tmp_path, shared_ray):
     out = tmp_path / "run"
     # privacy.beta > 0: every site receives its own noised copy (Eq. 15), six different arrays in
     # flight at once through the simulation's array exchange (server/flower/array_exchange_grid.py)
     args = ["--out", str(out), "--sites", "6", *SIM, *TINY_REID, "--timeout", "700", "rounds=2", "privacy.beta=0.001"]
+    args += shared_ray
     output = run_fedsim(args, tmp_path, timeout_s=800)
     rows = assert_run_outputs(out, 2)
     sites = {f"site0{i}" for i in range(1, 7)}
@@ -137,9 +154,9 @@ def fedfr_args(out: Path) -> list[str]:
 
 
 @pytest.mark.timeout(900)
-def test_four_virtual_fedfr_sites(tmp_path):
+def test_four_virtual_fedfr_sites(tmp_path, shared_ray):
     out = tmp_path / "run"
-    output = run_fedsim(fedfr_args(out), tmp_path, timeout_s=800)
+    output = run_fedsim([*fedfr_args(out), *shared_ray], tmp_path, timeout_s=800)
     rows = assert_run_outputs(out, 2)
     sites = [f"face0{i}" for i in range(1, 5)]
     for r in rows[1:]:

@@ -12,6 +12,7 @@ import psutil
 import pytest
 
 import server.studies.fedstudy as study_mod
+from common import processes
 from common.config.engine import EngineConfig
 from server.deploy.simulation_engine import REUSE_MEMORY_ENV
 from server.studies.shared_ray import head_command, head_env, shared_settings
@@ -57,6 +58,15 @@ RAY_RUNNER = STUDY_RUNNER + textwrap.dedent("""
     seen = {"address": kv["engine.ray_address"], "exchange": kv.get("engine.array_exchange"),
             "run_cpus": kv.get("engine.ray_num_cpus"),
             "node": ray.get_runtime_context().get_node_id(), "cpus": ray.cluster_resources().get("CPU")}
+    # every process of the instance talks to its GCS: the raylet, Ray's agents, the workers
+    import os, psutil
+    gcs = int(kv["engine.ray_address"].rsplit(":", 1)[1])
+    def talks_to_gcs(p):
+        try:
+            return any(c.raddr and c.raddr.port == gcs for c in p.net_connections(kind="tcp"))
+        except psutil.Error:
+            return False
+    seen["instance"] = [p.pid for p in psutil.process_iter() if p.pid != os.getpid() and talks_to_gcs(p)]
     ray.shutdown()
     with open(out.parent.parent.parent / "ray.jsonl", "a") as f:
         f.write(json.dumps(seen) + "\\n")
@@ -81,6 +91,9 @@ def test_two_runs_join_one_head_which_is_gone_when_the_study_ends(tmp_path, monk
     with pytest.raises(OSError), socket.create_connection(("127.0.0.1", port), timeout=2):
         pass  # the head's GCS no longer answers
     assert not [p for p in map(psutil.Process, processes_mentioning(f"--gcs_server_port={port}"))]
+    # nor any process of the instance, Ray's agents included (they blank their environment: no run tag)
+    instance = {pid for s in seen for pid in s["instance"]}
+    assert len(instance) >= 2 and not [pid for pid in instance if processes.alive(pid)], instance
 
 
 def test_ray_per_run_hands_the_runs_nothing(tmp_path, monkeypatch):
