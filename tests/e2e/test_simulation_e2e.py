@@ -44,13 +44,18 @@ TINY_REID = [
 ]
 
 
+def use_ray_env() -> None:
+    """RAY_ENV in this process's environment (a value already there wins): Ray's processes inherit it."""
+    for k, v in RAY_ENV.items():
+        os.environ.setdefault(k, v)
+
+
 @pytest.fixture(scope="module")
 def shared_ray(tmp_path_factory):
     """The overrides that put a run on the module's one Ray head (its workers inherit RAY_ENV)."""
     from server.studies.shared_ray import study_ray
 
-    for k, v in RAY_ENV.items():
-        os.environ.setdefault(k, v)
+    use_ray_env()
     with study_ray(
         {"args": SIM, "overrides": [], "variants": {"run": {}}}, tmp_path_factory.mktemp("ray") / "head.log"
     ) as ray:
@@ -59,8 +64,7 @@ def shared_ray(tmp_path_factory):
 
 
 def run_fedsim(args: list[str], tmp_path: Path, timeout_s: float) -> str:
-    for k, v in RAY_ENV.items():
-        os.environ.setdefault(k, v)
+    use_ray_env()
     code, output = run_to_end(
         [sys.executable, "-m", "server.demos.fedsim", *args], cwd=REPO, marker=str(tmp_path), timeout_s=timeout_s
     )
